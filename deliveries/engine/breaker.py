@@ -1,0 +1,79 @@
+"""Per-target circuit breaker for targets that retry (max_retries > 0).
+
+closed ──5 consecutive failures──▶ open ──cooldown over──▶ half-open (one probe)
+   ▲                                 ▲                          │
+   └────────── probe succeeds ───────┼──────── probe fails ─────┘
+
+While open (or while the probe is out), attempts are not made: the worker defers
+the task to the time `allow()` returns, keeping ownership and not counting an
+attempt. A dead receiver thus costs one request per cooldown, not one per delivery.
+"""
+
+import threading
+import time
+
+
+class CircuitBreaker:
+    FAILURE_THRESHOLD = 5
+    COOLDOWN = 30.0
+    # While the half-open probe is out, others wait this long and ask again.
+    PROBE_WAIT = 1.0
+
+    CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+
+    def __init__(self, *, clock=time.monotonic, threshold=None, cooldown=None):
+        self._clock = clock
+        self.threshold = threshold or self.FAILURE_THRESHOLD
+        self.cooldown = self.COOLDOWN if cooldown is None else cooldown
+        self._lock = threading.Lock()
+        self.state = self.CLOSED
+        self.failures = 0
+        self.opened_until = 0.0
+
+    def allow(self) -> float | None:
+        """None if an attempt may go now, else the clock time to try again."""
+        with self._lock:
+            if self.state == self.CLOSED:
+                return None
+            now = self._clock()
+            if self.state == self.OPEN:
+                if now < self.opened_until:
+                    return self.opened_until
+                self.state = self.HALF_OPEN
+                return None
+            return now + self.PROBE_WAIT
+
+    def record(self, success: bool) -> None:
+        with self._lock:
+            if success:
+                self.state = self.CLOSED
+                self.failures = 0
+                return
+            self.failures += 1
+            if self.state == self.HALF_OPEN or self.failures >= self.threshold:
+                self.state = self.OPEN
+                self.opened_until = self._clock() + self.cooldown
+
+    @property
+    def is_open(self) -> bool:
+        return self.state != self.CLOSED
+
+
+class Breakers:
+    """One breaker per target id, made on first use."""
+
+    def __init__(self, **options):
+        self._options = options
+        self._lock = threading.Lock()
+        self._by_target: dict[int, CircuitBreaker] = {}
+
+    def get(self, target_id: int) -> CircuitBreaker:
+        with self._lock:
+            breaker = self._by_target.get(target_id)
+            if breaker is None:
+                breaker = self._by_target[target_id] = CircuitBreaker(**self._options)
+            return breaker
+
+    def open_count(self) -> int:
+        with self._lock:
+            return sum(1 for b in self._by_target.values() if b.is_open)

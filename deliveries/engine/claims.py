@@ -1,0 +1,173 @@
+"""Turning candidate rows into owned tasks: the one way anything is claimed.
+
+Intake, recovery and the overflow drain all read candidate rows (ids, status,
+target), claim each through `InflightSet.retain_idle`, and only then load the rows
+whose tasks they build, re-checking the status in that load. The order matters: a
+row read before the claim may have been delivered, and its reference released, by
+another claimant in between. Because an attempt's result is committed before its
+last reference goes (invariant 4), a read that starts after a successful claim sees
+that result, and the claim is dropped instead of sending the delivery twice.
+"""
+
+import threading
+
+from django.db.models import BinaryField, Case, F, Value, When
+
+from deliveries.engine.task import INLINE_BODY_LIMIT, Task
+from deliveries.models import Delivery
+
+# What a claimant reads about each candidate before claiming it.
+CANDIDATE_FIELDS = ("id", "status", "target_id", "target__max_queue_size", "next_attempt_at")
+LOAD_CHUNK = 500
+
+
+class Claimer:
+    def __init__(self, *, inflight, gate, overflow):
+        self.inflight = inflight
+        self.gate = gate
+        # target id -> lowest delivery id skipped because the target was full
+        self.overflow = overflow
+
+    def claim(self, rows) -> list[Task]:
+        """Claim what nobody owns and fits its target's cap; return loaded tasks."""
+        claimed = {}
+        for delivery_id, status, target_id, cap, _ in rows:
+            if status not in Delivery.UNFINISHED:
+                continue
+            if not self.inflight.retain_idle(delivery_id):
+                continue
+            if not self.gate.admit(target_id, cap):
+                self.inflight.release(delivery_id)
+                self.overflow.note(target_id, delivery_id)
+                continue
+            claimed[delivery_id] = target_id
+        if not claimed:
+            return []
+        tasks = load_tasks(list(claimed))
+        for task in tasks:
+            del claimed[task.delivery_id]
+        for delivery_id, target_id in claimed.items():  # finished meanwhile
+            self.gate.discharge(target_id)
+            self.inflight.release(delivery_id)
+        return tasks
+
+    def release(self, task) -> None:
+        self.gate.discharge(task.target_id)
+        self.inflight.release(task.delivery_id)
+
+
+def load_tasks(ids) -> list[Task]:
+    tasks = []
+    for start in range(0, len(ids), LOAD_CHUNK):
+        chunk = ids[start : start + LOAD_CHUNK]
+        rows = (
+            Delivery.objects.filter(id__in=chunk, status__in=Delivery.UNFINISHED)
+            .annotate(
+                inline_body=Case(
+                    When(event__body_size__lte=INLINE_BODY_LIMIT, then=F("event__body")),
+                    default=Value(None),
+                    output_field=BinaryField(),
+                )
+            )
+            .values_list(
+                "id",
+                "status",
+                "attempts",
+                "next_attempt_at",
+                "event_id",
+                "event__code",
+                "event__webhook_id",
+                "target_id",
+                "target__type",
+                "target__config",
+                "target__max_retries",
+                "target__active",
+                "event__method",
+                "event__headers",
+                "event__content_type",
+                "event__body_size",
+                "event__received_at",
+                "inline_body",
+            )
+            .order_by("id")
+        )
+        for row in rows:
+            (
+                delivery_id,
+                status,
+                attempts,
+                next_attempt_at,
+                event_id,
+                event_code,
+                webhook_id,
+                target_id,
+                target_type,
+                config,
+                max_retries,
+                active,
+                method,
+                headers,
+                content_type,
+                body_size,
+                received_at,
+                body,
+            ) = row
+            tasks.append(
+                Task(
+                    delivery_id=delivery_id,
+                    status=status,
+                    next_attempt_at=next_attempt_at,
+                    event_id=event_id,
+                    event_code=event_code,
+                    webhook_id=webhook_id,
+                    target_id=target_id,
+                    target_type=target_type,
+                    target_active=active,
+                    config=config or {},
+                    max_retries=max_retries,
+                    attempts=attempts,
+                    method=method,
+                    headers=headers or [],
+                    content_type=content_type,
+                    body_size=body_size,
+                    received_at=received_at,
+                    body=bytes(body) if body is not None else None,
+                )
+            )
+    return tasks
+
+
+class Overflow:
+    """Targets whose deliveries were left in the database because they were full."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._from: dict[int, int] = {}
+
+    def note(self, target_id: int, delivery_id: int) -> None:
+        with self._lock:
+            current = self._from.get(target_id)
+            if current is None or delivery_id < current:
+                self._from[target_id] = delivery_id
+
+    def items(self) -> list[tuple[int, int]]:
+        with self._lock:
+            return list(self._from.items())
+
+    def advance(self, target_id: int, used_from: int, last_id: int | None) -> None:
+        """The drain read from `used_from` up to `last_id` (None: nothing was left).
+
+        A lower id noted meanwhile by another claimant wins over the advance.
+        """
+        with self._lock:
+            current = self._from.get(target_id)
+            if current is not None and current < used_from:
+                return
+            if last_id is None:
+                self._from.pop(target_id, None)
+            else:
+                self._from[target_id] = last_id + 1
+
+    def __contains__(self, target_id) -> bool:
+        with self._lock:
+            return target_id in self._from

@@ -1,0 +1,72 @@
+"""Per-target limits: how many of a target's deliveries the engine holds in memory
+(`Target.max_queue_size`) and how many workers it may occupy at once
+(DELIVERY_TARGET_CONCURRENCY, DESIGN §2 invariant 7).
+
+A worker that picks up a task whose target already has its share of workers parks
+the task here, still owned, and moves on to other targets. Whoever finishes one of
+that target's attempts takes the parked task next, inheriting the slot. A slow or
+dead target therefore holds at most its share of workers, and its excess waits.
+"""
+
+import threading
+from collections import Counter, defaultdict, deque
+
+
+class TargetGate:
+    def __init__(self, *, concurrency: int):
+        self.concurrency = concurrency
+        self._lock = threading.Lock()
+        self._held = Counter()
+        self._running = Counter()
+        self._parked: dict[int, deque] = defaultdict(deque)
+
+    def admit(self, target_id: int, cap: int) -> bool:
+        """Count one more held task for the target, unless it is at its cap."""
+        with self._lock:
+            if self._held[target_id] >= cap:
+                return False
+            self._held[target_id] += 1
+            return True
+
+    def discharge(self, target_id: int) -> int:
+        """The engine let go of one of the target's tasks; return how many remain."""
+        with self._lock:
+            remaining = self._held[target_id] - 1
+            if remaining > 0:
+                self._held[target_id] = remaining
+            else:
+                del self._held[target_id]
+            return max(remaining, 0)
+
+    def held(self, target_id: int) -> int:
+        with self._lock:
+            return self._held.get(target_id, 0)
+
+    def enter(self, task) -> bool:
+        """Take a worker slot for the task's target, or park the task and say False."""
+        with self._lock:
+            if self._running[task.target_id] < self.concurrency:
+                self._running[task.target_id] += 1
+                return True
+            self._parked[task.target_id].append(task)
+            return False
+
+    def leave(self, target_id: int):
+        """Give the slot to the target's next parked task (returned), or free it."""
+        with self._lock:
+            parked = self._parked.get(target_id)
+            if parked:
+                task = parked.popleft()
+                if not parked:
+                    del self._parked[target_id]
+                return task
+            self._running[target_id] -= 1
+            if self._running[target_id] <= 0:
+                del self._running[target_id]
+            return None
+
+    def drain_parked(self) -> list:
+        with self._lock:
+            tasks = [task for parked in self._parked.values() for task in parked]
+            self._parked.clear()
+            return tasks

@@ -1,0 +1,148 @@
+"""Intake: new pending deliveries from the database into the channel.
+
+The inbound view runs in other processes, so the database is the hand-off: intake
+reads rows committed since its last pass, woken early by the view's hint and
+otherwise polling every DELIVERY_POLL_INTERVAL. Each pass reads no more rows than
+the channel has room for.
+
+Three sources, one claim path (claims.Claimer):
+
+* The cursor: rows with an id above the highest seen, in id order. On PostgreSQL
+  ids come from a sequence taken at INSERT, so a transaction can commit a lower id
+  after a higher one was read. An id skipped by the cursor is remembered as a gap
+  and looked up again on every pass for GAP_TTL seconds: a late commit is taken
+  within one poll interval, and a gap that never fills (a rolled-back transaction)
+  is forgotten.
+* Requeued rows: pending rows that were attempted before, i.e. set back to pending
+  by a redeliver. Their ids are old, so the cursor cannot see them; a rotating scan
+  over a partial index that holds only such rows finds them.
+* Overflow: rows skipped because their target already had `max_queue_size` of its
+  deliveries in memory. They wait in the database, and once the target has room
+  again they are read back from where the skip happened, per target.
+"""
+
+import time
+
+from deliveries.engine.claims import CANDIDATE_FIELDS
+from deliveries.models import Delivery
+
+
+class Intake:
+    GAP_TTL = 60.0
+    MAX_GAPS = 10_000
+    # At start the cursor is put this far below the newest id, so rows committed
+    # out of order just before the start are read by the first passes.
+    START_MARGIN = 1_000
+
+    def __init__(self, *, claimer, channel, clock=time.monotonic):
+        self.claimer = claimer
+        self.channel = channel
+        self.clock = clock
+        self.cursor = 0
+        self.gap_floor = 0
+        self.gaps: dict[int, float] = {}
+        self.requeue_pos = 0
+
+    def start_at(self, newest_id: int, oldest_unfinished_id: int | None) -> None:
+        """Place the cursor before what the start must still read."""
+        low = newest_id - self.START_MARGIN
+        if oldest_unfinished_id is not None:
+            low = min(low, oldest_unfinished_id - 1)
+        self.cursor = max(0, low)
+        # Ids below the newest at start are history (deleted rows, old rollbacks),
+        # not gaps worth waiting for.
+        self.gap_floor = newest_id
+
+    def run_once(self) -> int:
+        """One pass over all three sources; return how many tasks were queued.
+
+        A full pass (as many rows as there was room for) means more may be
+        waiting: the caller runs another pass at once instead of sleeping.
+        """
+        queued = 0
+        room = self.channel.room()
+        for source in (self._from_cursor, self._from_gaps, self._requeued, self._overflowed):
+            if room <= 0:
+                break
+            tasks = self.claimer.claim(source(room))
+            for task in tasks:
+                self.channel.put(task)
+            queued += len(tasks)
+            room -= len(tasks)
+        return queued
+
+    def _from_cursor(self, room):
+        # Every status, not just pending: seeing each id is what makes a missing
+        # one a gap rather than a delivered row.
+        rows = list(
+            Delivery.objects.filter(id__gt=self.cursor)
+            .order_by("id")
+            .values_list(*CANDIDATE_FIELDS)[:room]
+        )
+        if not rows:
+            return rows
+        now = self.clock()
+        expected = self.cursor + 1
+        for row in rows:
+            if row[0] > expected:
+                self._note_gaps(range(max(expected, self.gap_floor + 1), row[0]), now)
+            expected = row[0] + 1
+        self.cursor = rows[-1][0]
+        return rows
+
+    def _note_gaps(self, ids, now):
+        for delivery_id in ids:
+            if len(self.gaps) >= self.MAX_GAPS:
+                return
+            self.gaps[delivery_id] = now
+
+    def _from_gaps(self, room):
+        if not self.gaps:
+            return []
+        cutoff = self.clock() - self.GAP_TTL
+        for delivery_id in [d for d, seen in self.gaps.items() if seen < cutoff]:
+            del self.gaps[delivery_id]
+        if not self.gaps:
+            return []
+        ids = sorted(self.gaps)[:room]
+        rows = list(Delivery.objects.filter(id__in=ids).values_list(*CANDIDATE_FIELDS))
+        for row in rows:  # filled: committed at last, whatever its status now
+            self.gaps.pop(row[0], None)
+        return rows
+
+    def _requeued(self, room):
+        rows = list(
+            Delivery.objects.requeued()
+            .filter(id__gt=self.requeue_pos)
+            .order_by("id")
+            .values_list(*CANDIDATE_FIELDS)[:room]
+        )
+        # Rotate: rows still owned are passed over, the scan starts again at the
+        # beginning once it reaches the end.
+        self.requeue_pos = rows[-1][0] if len(rows) == room else 0
+        return rows
+
+    def _overflowed(self, room):
+        rows = []
+        gate = self.claimer.gate
+        for target_id, from_id in self.claimer.overflow.items():
+            if room <= 0:
+                break
+            batch = list(
+                Delivery.objects.unfinished()
+                .filter(target_id=target_id, id__gte=from_id)
+                .order_by("id")
+                .values_list(*CANDIDATE_FIELDS)[:room]
+            )
+            if not batch:
+                self.claimer.overflow.advance(target_id, from_id, None)
+                continue
+            free = batch[0][3] - gate.held(target_id)
+            if free <= 0:
+                continue
+            exhausted = len(batch) < room and len(batch) <= free
+            batch = batch[:free]
+            self.claimer.overflow.advance(target_id, from_id, None if exhausted else batch[-1][0])
+            rows.extend(batch)
+            room -= len(batch)
+        return rows

@@ -1,0 +1,243 @@
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+
+class Webhook(models.Model):
+    code = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="webhooks")
+    retention_days = models.PositiveIntegerField(
+        default=30,
+        validators=[MinValueValidator(1)],
+        help_text="Events older than this are pruned with their deliveries.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def ensure_entrypoint(self):
+        """Give the webhook its first entrypoint, so a new webhook can receive at once."""
+        if not self.entrypoints.exists():
+            self.entrypoints.create(description="default")
+
+
+class Entrypoint(models.Model):
+    webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="entrypoints")
+    code = models.UUIDField(
+        default=uuid.uuid4,
+        unique=True,
+        editable=False,
+        help_text="The inbound URL is /webhook/<code>.",
+    )
+    description = models.CharField(max_length=200, blank=True)
+    active = models.BooleanField(default=True, help_text="An inactive entrypoint answers 410 Gone.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self):
+        return self.description or str(self.code)
+
+    def get_absolute_url(self):
+        return f"/webhook/{self.code}"
+
+
+class Target(models.Model):
+    class Type(models.TextChoices):
+        HTTP = "http", "HTTP endpoint"
+        DATABASE = "database", "Database record"
+        LOG = "log", "Log line"
+        SLACK = "slack", "Slack-compatible channel"
+
+    webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="targets")
+    name = models.CharField(max_length=200)
+    type = models.CharField(max_length=16, choices=Type.choices, default=Type.HTTP)
+    active = models.BooleanField(default=True)
+    config = models.JSONField(default=dict, blank=True)
+    max_retries = models.PositiveIntegerField(
+        default=0,
+        help_text="0 = fire-and-forget: one attempt, no circuit breaker.",
+    )
+    max_queue_size = models.PositiveIntegerField(
+        default=10_000,
+        validators=[MinValueValidator(1)],
+        help_text="Most deliveries of this target the engine holds in memory; "
+        "the rest wait in the database.",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+    def clean(self):
+        from deliveries.targets import clean_config
+
+        try:
+            self.config = clean_config(self.type, self.config)
+        except ValidationError as exc:
+            raise ValidationError({"config": exc.messages}) from None
+
+
+class Event(models.Model):
+    code = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="events")
+    entrypoint = models.ForeignKey(
+        Entrypoint, models.SET_NULL, null=True, blank=True, related_name="events"
+    )
+    method = models.CharField(max_length=16)
+    # [[name, value], ...] in the order the WSGI server presented them.
+    headers = models.JSONField(default=list)
+    body = models.BinaryField(default=b"")
+    # Kept beside the body so lists, metrics and the engine can know the size
+    # without reading the body itself (up to WEBHOOKER_MAX_BODY_BYTES).
+    body_size = models.PositiveBigIntegerField(default=0)
+    content_type = models.CharField(max_length=255, blank=True)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-received_at", "-id"]
+        indexes = [
+            # The event list's default ordering, and retention's "older than".
+            models.Index(fields=["-received_at", "-id"], name="event_received_idx"),
+            # One webhook's events by age: the admin filter and pruneevents.
+            models.Index(fields=["webhook", "received_at"], name="event_webhook_received_idx"),
+        ]
+
+    def __str__(self):
+        return str(self.code)
+
+
+class DeliveryQuerySet(models.QuerySet):
+    def unfinished(self):
+        return self.filter(status__in=Delivery.UNFINISHED)
+
+    def stale(self, before):
+        """Pending deliveries nobody touched since `before` (the recovery tick)."""
+        return self.filter(status=Delivery.Status.PENDING, updated_at__lt=before)
+
+    def requeued(self):
+        """Pending deliveries that were attempted before: set back by a redeliver."""
+        return self.filter(status=Delivery.Status.PENDING, attempts__gt=0)
+
+
+class Delivery(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RETRYING = "retrying"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+
+    UNFINISHED = (Status.PENDING, Status.RETRYING)
+
+    event = models.ForeignKey(Event, models.CASCADE, related_name="deliveries")
+    target = models.ForeignKey(Target, models.CASCADE, related_name="deliveries")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    # The "touched" clock of the recovery tick. QuerySet.update() skips auto_now,
+    # so every update() sets it explicitly; default=now rather than auto_now keeps
+    # it settable by tests and backfills.
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    objects = DeliveryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "deliveries"
+        ordering = ["-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["event", "target"], name="delivery_event_target_uniq"),
+        ]
+        indexes = [
+            # Recovery: at start every pending/retrying delivery; on a tick the
+            # pending ones with updated_at < now - DELIVERY_STALE_AFTER, oldest first.
+            # Partial, so it holds only unfinished rows however many are delivered.
+            models.Index(
+                fields=["status", "updated_at"],
+                name="delivery_unfinished_idx",
+                condition=models.Q(status__in=["pending", "retrying"]),
+            ),
+            # Retrying deliveries by due time (recovery schedules them from it).
+            models.Index(
+                fields=["next_attempt_at"],
+                name="delivery_retry_due_idx",
+                condition=models.Q(status="retrying"),
+            ),
+            # Intake's sweep of deliveries set back to pending by a redeliver.
+            models.Index(
+                fields=["id"],
+                name="delivery_requeued_idx",
+                condition=models.Q(status="pending", attempts__gt=0),
+            ),
+            # Intake's per-target drain once a full target has room again.
+            models.Index(
+                fields=["target", "id"],
+                name="delivery_target_unfinished_idx",
+                condition=models.Q(status__in=["pending", "retrying"]),
+            ),
+        ]
+
+    def __str__(self):
+        return f"delivery {self.pk}"
+
+
+class DeliveryResult(models.Model):
+    RESPONSE_BODY_LIMIT = 4096
+
+    delivery = models.ForeignKey(Delivery, models.CASCADE, related_name="results")
+    attempt = models.PositiveIntegerField()
+    success = models.BooleanField()
+    status_code = models.PositiveIntegerField(null=True, blank=True)
+    response_body = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    duration_ms = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["delivery", "attempt", "id"]
+
+    def __str__(self):
+        return f"attempt {self.attempt}"
+
+
+class EngineStatus(models.Model):
+    """The engine's heartbeat: one row per engine (one per database, per shard later)."""
+
+    name = models.CharField(max_length=64, unique=True, default="default")
+    pid = models.PositiveIntegerField(null=True)
+    hostname = models.CharField(max_length=255, blank=True)
+    started_at = models.DateTimeField(null=True)
+    heartbeat_at = models.DateTimeField(null=True)
+    stopped_at = models.DateTimeField(null=True)
+    channel_depth = models.PositiveIntegerField(default=0)
+    inflight = models.PositiveIntegerField(default=0)
+    busy_workers = models.PositiveIntegerField(default=0)
+    workers = models.PositiveIntegerField(default=0)
+    open_breakers = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "engine status"
+
+    def __str__(self):
+        return f"engine {self.name}"
+
+    @property
+    def running(self):
+        return self.stopped_at is None and self.heartbeat_at is not None

@@ -1,0 +1,102 @@
+import numbers
+
+from django.core.exceptions import ValidationError
+
+from deliveries.targets import transport
+from deliveries.targets.base import Outcome, TargetType, require_url
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport sets itself.
+DROPPED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+MAX_TIMEOUT = 300
+
+
+def forwarded_headers(task, extra: dict) -> dict:
+    """The event's headers minus hop-by-hop ones, plus config and webhooker headers."""
+    listed = set(DROPPED_HEADERS)
+    for name, value in task.headers:
+        if name.lower() == "connection":
+            listed.update(token.strip().lower() for token in value.split(","))
+    headers = {}
+    for name, value in task.headers:
+        if name.lower() not in listed and not name.lower().startswith("x-webhooker-"):
+            headers[name] = value
+    if task.content_type:
+        headers["Content-Type"] = task.content_type
+    headers.update(extra)
+    headers["X-Webhooker-Event"] = str(task.event_code)
+    headers["X-Webhooker-Delivery"] = str(task.delivery_id)
+    return headers
+
+
+class HttpTarget(TargetType):
+    type = "http"
+    retries = True
+
+    @classmethod
+    def clean_config(cls, config):
+        cleaned = {"url": require_url(config, "url")}
+        headers = config.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise ValidationError("'headers' must be an object of header names to values.")
+        for name, value in headers.items():
+            if not isinstance(value, str) or not _token(name) or _has_newline(value):
+                raise ValidationError(f"Header {name!r} is not a valid header name and value.")
+            if name.lower() in DROPPED_HEADERS:
+                raise ValidationError(f"Header {name!r} is set by webhooker itself.")
+        if headers:
+            cleaned["headers"] = headers
+        timeout = config.get("timeout")
+        if timeout not in (None, ""):
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, numbers.Real)
+                or not 0 < timeout <= MAX_TIMEOUT
+            ):
+                raise ValidationError(
+                    f"'timeout' must be a number of seconds above 0 and at most {MAX_TIMEOUT}."
+                )
+            cleaned["timeout"] = timeout
+        unknown = set(config) - {"url", "headers", "timeout"}
+        if unknown:
+            raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
+        return cleaned
+
+    def deliver(self, task):
+        config = task.config
+        return transport.post(
+            config["url"],
+            data=task.load_body(),
+            headers=forwarded_headers(task, config.get("headers", {})),
+            timeout=config.get("timeout"),
+        )
+
+
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+
+
+def _token(name) -> bool:
+    return isinstance(name, str) and bool(name) and set(name) <= _TOKEN_CHARS
+
+
+def _has_newline(value: str) -> bool:
+    return "\r" in value or "\n" in value or "\0" in value
+
+
+__all__ = ["HttpTarget", "Outcome"]

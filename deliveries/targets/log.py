@@ -1,0 +1,26 @@
+import logging
+
+from deliveries.targets.base import Outcome, TargetType
+
+logger = logging.getLogger("deliveries.targets.log")
+
+BODY_EXCERPT = 1024
+
+
+class LogTarget(TargetType):
+    """One structured log line per event."""
+
+    type = "log"
+
+    def deliver(self, task):
+        body = task.load_body()
+        logger.info(
+            "event=%s webhook=%s method=%s content_type=%r size=%d body=%r",
+            task.event_code,
+            task.webhook_id,
+            task.method,
+            task.content_type,
+            task.body_size,
+            body[:BODY_EXCERPT].decode("utf-8", "replace"),
+        )
+        return Outcome(success=True)

@@ -1,0 +1,41 @@
+import contextlib
+import json
+
+from deliveries.targets import transport
+from deliveries.targets.base import TargetType, require_url
+
+MESSAGE_LIMIT = 3500
+
+
+def format_message(task) -> str:
+    """Metadata, then the payload in a code block: JSON pretty-printed, cut at 3 500."""
+    body = task.load_body()
+    text = body.decode("utf-8", "replace")
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+    if len(text) > MESSAGE_LIMIT:
+        text = text[:MESSAGE_LIMIT] + "\n… (truncated)"
+    header = (
+        f"*Webhook event* `{task.event_code}`\n"
+        f"Method: {task.method} · Content-Type: {task.content_type or '-'} · "
+        f"Size: {task.body_size} bytes · Received: {task.received_at:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    return f"{header}\n```\n{text}\n```"
+
+
+class SlackTarget(TargetType):
+    type = "slack"
+    retries = True
+
+    @classmethod
+    def clean_config(cls, config):
+        return {"webhook_url": require_url(config, "webhook_url")}
+
+    def deliver(self, task):
+        payload = json.dumps({"text": format_message(task)}).encode()
+        return transport.post(
+            task.config["webhook_url"],
+            data=payload,
+            headers={"Content-Type": "application/json"},
+            timeout=None,
+        )

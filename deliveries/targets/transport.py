@@ -1,0 +1,98 @@
+"""Outbound HTTP for the http and slack targets: one requests.Session per thread.
+
+A Session keeps connections alive between attempts to the same host; it is not
+safe to share between threads, so each worker thread builds its own on first use.
+"""
+
+import email.utils
+import threading
+import time
+
+import requests
+from django.conf import settings
+
+from deliveries.models import DeliveryResult
+from deliveries.targets.base import Outcome
+
+_local = threading.local()
+
+USER_AGENT = "webhooker/0.1"
+
+
+def session() -> requests.Session:
+    s = getattr(_local, "session", None)
+    if s is None:
+        s = requests.Session()
+        # The receiver's proxies and .netrc of the machine must not leak into
+        # deliveries: targets are exactly the configured URLs.
+        s.trust_env = False
+        s.headers["User-Agent"] = USER_AGENT
+        _local.session = s
+    return s
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delta-seconds or an HTTP date."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outcome:
+    """POST once; never follow redirects; read at most the stored response excerpt."""
+    try:
+        response = session().post(
+            url,
+            data=data,
+            headers=headers,
+            timeout=timeout or settings.DELIVERY_HTTP_TIMEOUT,
+            allow_redirects=False,
+            stream=True,
+        )
+    except requests.RequestException as exc:
+        return Outcome(success=False, error=_describe(exc))
+    try:
+        limit = DeliveryResult.RESPONSE_BODY_LIMIT
+        excerpt = response.raw.read(limit, decode_content=True) or b""
+    except Exception as exc:  # a receiver that breaks off mid-body
+        excerpt = f"<response body unreadable: {exc}>".encode()
+    finally:
+        response.close()
+    code = response.status_code
+    body = excerpt.decode(response.encoding or "utf-8", "replace")
+    if 200 <= code < 300:
+        return Outcome(success=True, status_code=code, response_body=body)
+    retry_after = None
+    if code in (429, 503):
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+    if 300 <= code < 400:
+        error = f"HTTP {code}: redirects are not followed"
+        if response.headers.get("Location"):
+            error += f" (Location: {response.headers['Location'][:500]})"
+    else:
+        error = f"HTTP {code}"
+    return Outcome(
+        success=False,
+        status_code=code,
+        response_body=body,
+        error=error,
+        retry_after=retry_after,
+        permanent=code == 410,
+    )
+
+
+def _describe(exc: requests.RequestException) -> str:
+    if isinstance(exc, requests.Timeout):
+        return f"timeout: {exc}"
+    if isinstance(exc, requests.ConnectionError):
+        return f"connection failed: {exc}"
+    return f"{type(exc).__name__}: {exc}"

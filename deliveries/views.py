@@ -1,0 +1,52 @@
+from django.conf import settings
+from django.http import HttpResponseNotAllowed, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
+
+from deliveries import ingest
+from deliveries.models import Entrypoint
+from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
+
+# Set by the server, never sent by the client: these describe the request.
+_HEADER_KEYS = ("CONTENT_TYPE", "CONTENT_LENGTH")
+
+
+@csrf_exempt
+def receive(request, code):
+    """POST /webhook/<code>: store the event and its deliveries, then answer."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    entrypoint = get_object_or_404(Entrypoint.objects.only("id", "webhook_id", "active"), code=code)
+    if not entrypoint.active:
+        return JsonResponse({"error": "this entrypoint is inactive"}, status=410)
+    try:
+        body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
+    except BodyTooLarge:
+        return JsonResponse(
+            {"error": f"body exceeds {settings.WEBHOOKER_MAX_BODY_BYTES} bytes"}, status=413
+        )
+    except BodyMalformed as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    stored = ingest.store_event(
+        entrypoint,
+        method=request.method,
+        headers=request_headers(request.META),
+        body=body,
+        content_type=request.META.get("CONTENT_TYPE", ""),
+        remote_addr=request.META.get("REMOTE_ADDR"),
+    )
+    return JsonResponse({"event": str(stored.event.code), "deliveries": stored.deliveries})
+
+
+def request_headers(environ) -> list[list[str]]:
+    """Every header as the WSGI server presents it, in its order, as [name, value]."""
+    headers = []
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            name = key[5:]
+        elif key in _HEADER_KEYS:
+            name = key
+        else:
+            continue
+        headers.append(["-".join(part.capitalize() for part in name.split("_")), value])
+    return headers

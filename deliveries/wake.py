@@ -1,0 +1,49 @@
+"""The wake hint from the web processes to the engine (DESIGN §1).
+
+The committed rows are the message; the hint only shortens the engine's wait, so
+every failure to send it is ignored. On PostgreSQL it is a NOTIFY, which the server
+delivers at COMMIT and only then, and which reaches an engine on another host. On
+SQLite it is a datagram to a Unix socket the engine binds in DATA_DIR.
+"""
+
+import contextlib
+import socket
+import threading
+
+from django.conf import settings
+from django.db import transaction
+
+CHANNEL = "webhooker_deliveries"
+SOCKET_NAME = "rundelivery.sock"
+# sun_path holds 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+_local = threading.local()
+
+
+def socket_path() -> str:
+    return str(settings.DATA_DIR / SOCKET_NAME)
+
+
+def notify_on_commit(connection) -> None:
+    """Arrange for the engine to be woken once the current transaction commits."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {CHANNEL}")
+    else:
+        transaction.on_commit(send_datagram, using=connection.alias)
+
+
+def send_datagram() -> None:
+    path = socket_path()
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        return
+    sock = getattr(_local, "sock", None)
+    if sock is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        _local.sock = sock
+    # No engine listening (ENOENT, ECONNREFUSED) or its buffer full (EAGAIN):
+    # the engine's fallback poll will find the rows.
+    with contextlib.suppress(OSError):
+        sock.sendto(b"1", path)

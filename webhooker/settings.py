@@ -1,0 +1,230 @@
+"""Settings for webhooker: the environment is the only source (DESIGN §7).
+
+Every variable has a default that lets a fresh clone run (`make run`) with nothing
+set. Bad values fail at start with ImproperlyConfigured naming the variable, never
+later with a traceback from somewhere deep.
+"""
+
+import os
+import secrets
+import tempfile
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+
+def _choice(name, default, choices):
+    value = env.str(name, default=default).strip().lower()
+    if value not in choices:
+        raise ImproperlyConfigured(
+            f"{name}={value!r} is not valid; expected one of: {', '.join(choices)}"
+        )
+    return value
+
+
+def _number(name, default, *, cast=int, minimum=0):
+    raw = env.str(name, default="").strip()
+    if not raw:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        kind = "an integer" if cast is int else "a number"
+        raise ImproperlyConfigured(f"{name}={raw!r} is not {kind}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _list(name):
+    return [item.strip() for item in env.str(name, default="").split(",") if item.strip()]
+
+
+def _secret_key(data_dir):
+    """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key.
+
+    The key is written to a private temporary file and then hard-linked into place,
+    which fails if the file exists: gunicorn workers and rundelivery starting at the
+    same moment all end up reading the one complete key that won.
+    """
+    key = env.str("SECRET_KEY", default="")
+    if key:
+        return key
+    path = data_dir / "secret_key"
+    if not path.exists():
+        fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".secret_key.")  # mode 0600
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(50) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    key = path.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{path} is empty; delete it to generate a new key")
+    return key
+
+
+ENVIRONMENT = _choice("WEBHOOKER_ENVIRONMENT", "dev", ("dev", "prod"))
+PRODUCTION = ENVIRONMENT == "prod"
+DEBUG = not PRODUCTION and env.bool("DEBUG", default=True)
+
+DATA_DIR = Path(env.str("DATA_DIR", default="/data" if PRODUCTION else str(BASE_DIR / "data")))
+try:
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+except OSError as exc:
+    raise ImproperlyConfigured(f"DATA_DIR={str(DATA_DIR)!r} cannot be created: {exc}") from None
+
+SECRET_KEY = _secret_key(DATA_DIR)
+if PRODUCTION and (len(SECRET_KEY) < 50 or SECRET_KEY.startswith("django-insecure")):
+    raise ImproperlyConfigured("SECRET_KEY must be at least 50 random characters in prod")
+
+ALLOWED_HOSTS = _list("ALLOWED_HOSTS")
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when WEBHOOKER_ENVIRONMENT=prod")
+if not ALLOWED_HOSTS:
+    ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "deliveries",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's static files from gunicorn itself: no second server needed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "webhooker.urls"
+WSGI_APPLICATION = "webhooker.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------
+SQLITE_PATH = DATA_DIR / "webhooker.sqlite3"
+try:
+    DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+except (ValueError, KeyError) as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL is not a usable database URL: {exc}") from None
+
+_engine = DATABASES["default"].get("ENGINE")
+if _engine == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        # IMMEDIATE takes the write lock at BEGIN, so a transaction never has to
+        # upgrade a read lock to a write lock mid-way: that upgrade is what makes
+        # SQLite answer "database is locked" at once, busy timeout or not.
+        "transaction_mode": "IMMEDIATE",
+        # Seconds a writer waits for the lock before giving up.
+        "timeout": 20,
+        # WAL lets readers run beside the one writer. synchronous=FULL syncs the WAL
+        # at every commit: a 200 from the inbound view promises the event survives a
+        # power cut, and NORMAL would only promise it survives a crash.
+        "init_command": (
+            "PRAGMA journal_mode=WAL;"
+            "PRAGMA synchronous=FULL;"
+            "PRAGMA foreign_keys=ON;"
+            "PRAGMA busy_timeout=20000;"
+        ),
+    }
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_webhooker.sqlite3")}
+elif _engine in ("django.db.backends.postgresql",):
+    DATABASES["default"].setdefault("OPTIONS", {})
+else:
+    raise ImproperlyConfigured(
+        f"DATABASE_URL selects {_engine or 'no known engine'}; "
+        "webhooker supports SQLite and PostgreSQL"
+    )
+DATABASES["default"]["CONN_MAX_AGE"] = _number("CONN_MAX_AGE", 60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+# In dev the files are found where they live; prod serves what collectstatic wrote.
+WHITENOISE_USE_FINDERS = not PRODUCTION
+
+# --- Inbound --------------------------------------------------------------------
+WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1)
+WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
+WEBHOOKER_ALLOWED_TARGET_NETWORKS = _list("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
+WEBHOOKER_TRUSTED_PROXIES = _list("WEBHOOKER_TRUSTED_PROXIES")
+METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
+METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
+
+# --- Delivery engine (DESIGN §2); read by the engine when it is built -------------
+DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 10, minimum=1)
+DELIVERY_CHANNEL_SIZE = _number("DELIVERY_CHANNEL_SIZE", 10_000, minimum=1)
+DELIVERY_POLL_INTERVAL = _number("DELIVERY_POLL_INTERVAL", 1.0, cast=float, minimum=0.01)
+DELIVERY_RECOVERY_INTERVAL = _number("DELIVERY_RECOVERY_INTERVAL", 60.0, cast=float, minimum=0.01)
+DELIVERY_STALE_AFTER = _number("DELIVERY_STALE_AFTER", 900.0, cast=float, minimum=0)
+DELIVERY_RECOVERY_BATCH = _number("DELIVERY_RECOVERY_BATCH", 500, minimum=1)
+DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 4, minimum=1)
+DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
+DELIVERY_BACKOFF_BASE = _number("DELIVERY_BACKOFF_BASE", 1.0, cast=float, minimum=0)
+DELIVERY_BACKOFF_CAP = _number("DELIVERY_BACKOFF_CAP", 3600.0, cast=float, minimum=0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+    },
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "deliveries": {
+            "handlers": ["console"],
+            "level": _choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
+            "propagate": False,
+        },
+    },
+}
