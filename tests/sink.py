@@ -25,10 +25,14 @@ class Sink:
         self._default = {}
         self.hang = threading.Event()  # set: paths in `hanging` never answer
         self.hanging: set[str] = set()
+        self.delays: dict[str, float] = {}  # path -> seconds to wait before answering
         sink = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body go out in two writes; without this, Nagle and the
+            # client's delayed ACK add 40 ms to every answer.
+            disable_nagle_algorithm = True
 
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
@@ -36,6 +40,7 @@ class Sink:
                 path = self.path
                 if path in sink.hanging:
                     sink.hang.wait(60)
+                    self.close_connection = True
                     return
                 with sink._cond:
                     sink.received.append(Received(path, dict(self.headers), body, time.time()))
@@ -44,6 +49,8 @@ class Sink:
                     status, headers = (
                         script.popleft() if script else sink._default.get(path, (200, {}))
                     )
+                if path in sink.delays:
+                    time.sleep(sink.delays[path])
                 payload = b"ok"
                 self.send_response(status)
                 for name, value in headers.items():
@@ -58,7 +65,7 @@ class Sink:
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def url(self, path="/"):
         return f"http://127.0.0.1:{self.port}{path}"

@@ -41,7 +41,7 @@ class CircuitBreaker:
                     return self.opened_until
                 self.state = self.HALF_OPEN
                 return None
-            return now + self.PROBE_WAIT
+            return now + min(self.PROBE_WAIT, self.cooldown)
 
     def record(self, success: bool) -> None:
         with self._lock:

@@ -28,10 +28,13 @@ class Claimer:
         # target id -> lowest delivery id skipped because the target was full
         self.overflow = overflow
 
-    def claim(self, rows) -> list[Task]:
-        """Claim what nobody owns and fits its target's cap; return loaded tasks."""
+    def claim(self, rows, limit: int | None = None) -> list[Task]:
+        """Claim what nobody owns and fits its target's cap (at most `limit` rows);
+        return the loaded tasks."""
         claimed = {}
         for delivery_id, status, target_id, cap, _ in rows:
+            if limit is not None and len(claimed) >= limit:
+                break
             if status not in Delivery.UNFINISHED:
                 continue
             if not self.inflight.retain_idle(delivery_id):

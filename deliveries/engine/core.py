@@ -14,7 +14,7 @@ from django.db.models import Max, Min
 from django.utils import timezone
 
 from deliveries.engine import heartbeat
-from deliveries.engine.breaker import Breakers
+from deliveries.engine.breaker import Breakers, CircuitBreaker
 from deliveries.engine.channel import Channel
 from deliveries.engine.claims import Claimer, Overflow
 from deliveries.engine.gate import TargetGate
@@ -48,6 +48,7 @@ class Engine:
         backoff_base: float = 1.0,
         backoff_cap: float = 3600.0,
         name: str = "default",
+        breaker_cooldown: float = CircuitBreaker.COOLDOWN,
         clock=time.monotonic,
     ):
         self.workers = workers
@@ -67,7 +68,7 @@ class Engine:
         self.overflow = Overflow()
         self.claimer = Claimer(inflight=self.inflight, gate=self.gate, overflow=self.overflow)
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
-        self.breakers = Breakers(clock=clock)
+        self.breakers = Breakers(clock=clock, cooldown=breaker_cooldown)
         self.intake = Intake(claimer=self.claimer, channel=self.channel, clock=clock)
 
         self.stop_event = threading.Event()

@@ -39,6 +39,9 @@ class Intake:
         self.channel = channel
         self.clock = clock
         self.cursor = 0
+        # The highest id seen by the cursor: a gap is a missing id between two
+        # seen rows, never below the first (ids before it may be long gone).
+        self.last_seen: int | None = None
         self.gap_floor = 0
         self.gaps: dict[int, float] = {}
         self.requeue_pos = 0
@@ -52,6 +55,7 @@ class Intake:
         # Ids below the newest at start are history (deleted rows, old rollbacks),
         # not gaps worth waiting for.
         self.gap_floor = newest_id
+        self.last_seen = newest_id or None
 
     def run_once(self) -> int:
         """One pass over all three sources; return how many tasks were queued.
@@ -82,11 +86,10 @@ class Intake:
         if not rows:
             return rows
         now = self.clock()
-        expected = self.cursor + 1
         for row in rows:
-            if row[0] > expected:
-                self._note_gaps(range(max(expected, self.gap_floor + 1), row[0]), now)
-            expected = row[0] + 1
+            if self.last_seen is not None and row[0] > self.last_seen + 1:
+                self._note_gaps(range(max(self.last_seen, self.gap_floor) + 1, row[0]), now)
+            self.last_seen = max(row[0], self.last_seen or 0)
         self.cursor = rows[-1][0]
         return rows
 

@@ -65,9 +65,8 @@ def recover(
                     continue
                 capacity -= 1
             candidates.append(row[:-1])
-        if limit is not None:
-            candidates = candidates[: limit - dispatched]
-        for task in claimer.claim(candidates):
+        left = None if limit is None else limit - dispatched
+        for task in claimer.claim(candidates, left):
             dispatch(task)
             dispatched += 1
         if (limit is not None and dispatched >= limit) or len(rows) < PAGE:

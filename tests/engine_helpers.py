@@ -1,0 +1,56 @@
+import time
+
+from deliveries import ingest
+from deliveries.engine.core import Engine
+
+
+def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="application/json"):
+    return [
+        ingest.store_event(
+            entrypoint,
+            method="POST",
+            headers=headers or [["Content-Type", content_type]],
+            body=body,
+            content_type=content_type,
+            remote_addr="127.0.0.1",
+        ).event
+        for _ in range(n)
+    ]
+
+
+def make_engine(**options):
+    defaults = {"workers": 1, "poll_interval": 0.05, "backoff_base": 0.01, "backoff_cap": 1.0}
+    defaults.update(options)
+    return Engine(**defaults)
+
+
+def pump(engine, until, timeout=30.0):
+    """Run the engine's steps on this thread until `until()` is true."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        if time.monotonic() > deadline:
+            raise AssertionError("engine did not get there in time")
+        engine.intake_once()
+        engine.scheduler.release_due()
+        if not engine.process_one(timeout=0.01):
+            time.sleep(0.005)
+
+
+class RunningEngine:
+    """The whole engine on its own threads, as rundelivery runs it."""
+
+    def __init__(self, **options):
+        import threading
+
+        options.setdefault("workers", 10)
+        self.engine = make_engine(**options)
+        self.thread = threading.Thread(target=self.engine.run, name="engine", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self.engine
+
+    def __exit__(self, *exc):
+        self.engine.stop()
+        self.thread.join(60)
+        assert not self.thread.is_alive(), "engine did not stop"

@@ -1,0 +1,406 @@
+"""The engine's steps, driven synchronously on the test's thread."""
+
+import datetime
+
+import pytest
+from django.utils import timezone
+
+from deliveries.models import Delivery, DeliveryResult, Target
+from tests.engine_helpers import make_engine, pump, store
+
+pytestmark = pytest.mark.django_db
+
+
+def statuses():
+    return dict(Delivery.objects.values_list("id", "status"))
+
+
+# --- recovery -----------------------------------------------------------------
+
+
+def test_recovery_at_start_takes_every_pending_and_retrying(entrypoint, make_target):
+    target = make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    store(entrypoint, n=3)
+    retrying = Delivery.objects.first()
+    soon = timezone.now() + datetime.timedelta(seconds=30)
+    Delivery.objects.filter(id=retrying.id).update(status="retrying", next_attempt_at=soon)
+    Delivery.objects.create(event=retrying.event, target=make_target(name="done"),
+                            status="delivered")
+    engine = make_engine()
+
+    assert engine.recover_once(at_start=True) == 3
+
+    assert engine.channel.depth() == 2  # the pending ones, now
+    assert engine.scheduler.pending() == 1  # the retrying one, at its time
+    assert engine.inflight.held() == 3
+    assert target.id in {t.target_id for t in engine.channel.drain()}
+
+
+def test_retrying_is_scheduled_after_what_is_left_of_its_backoff(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    store(entrypoint, n=2)
+    first, second = Delivery.objects.order_by("id")
+    now = timezone.now()
+    Delivery.objects.filter(id=first.id).update(
+        status="retrying", next_attempt_at=now + datetime.timedelta(seconds=40))
+    Delivery.objects.filter(id=second.id).update(
+        status="retrying", next_attempt_at=now - datetime.timedelta(seconds=40))
+    clock = [500.0]
+    engine = make_engine(clock=lambda: clock[0])
+
+    engine.recover_once(at_start=True)
+
+    dues = sorted((due, task.delivery_id) for due, _, task in engine.scheduler._heap)
+    assert dues[0] == (500.0, second.id)  # overdue: now
+    assert dues[1][1] == first.id
+    assert 538 < dues[1][0] <= 540.0
+    assert engine.scheduler.release_due() == 1
+    clock[0] += 41
+    assert engine.scheduler.release_due() == 1
+
+
+def test_tick_takes_only_stale_pending_at_most_the_batch(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    store(entrypoint, n=12)
+    ids = list(Delivery.objects.order_by("id").values_list("id", flat=True))
+    now = timezone.now()
+    old = now - datetime.timedelta(seconds=1000)
+    Delivery.objects.filter(id__in=ids[:8]).update(updated_at=old)  # stale
+    Delivery.objects.filter(id=ids[8]).update(status="retrying", updated_at=old)  # not pending
+    engine = make_engine(stale_after=900, recovery_batch=5)
+
+    assert engine.recover_once(now=now) == 5
+    taken = {t.delivery_id for t in engine.channel.drain()}
+    assert taken == set(ids[:5])  # oldest first, at most the batch
+
+    assert engine.recover_once(now=now) == 3  # owned ones skipped, the rest taken
+    assert engine.inflight.held() == 8
+    assert engine.recover_once(now=now) == 0
+
+
+def test_tick_never_takes_what_the_engine_owns(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x")
+    store(entrypoint, n=3)
+    Delivery.objects.update(updated_at=timezone.now() - datetime.timedelta(hours=1))
+    engine = make_engine(stale_after=0)
+    ids = list(Delivery.objects.values_list("id", flat=True))
+    engine.inflight.retain_idle(ids[0])
+    assert engine.recover_once() == 2
+    assert ids[0] not in {t.delivery_id for t in engine.channel.drain()}
+
+
+# --- intake ----------------------------------------------------------------------
+
+
+def test_intake_takes_new_rows_once(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x")
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=4)
+    assert engine.intake_once() == 4
+    assert engine.intake_once() == 0
+    assert engine.inflight.held() == 4
+
+
+def test_intake_reads_no_more_than_the_channel_takes(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x")
+    engine = make_engine(channel_size=3)
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=5)
+    assert engine.intake_once() == 3
+    assert engine.intake_once() == 0
+    engine.channel.drain()
+    assert engine.intake_once() == 2
+
+
+def test_intake_takes_a_delivery_committed_out_of_order(entrypoint, make_target):
+    """An id below the cursor that appears later (a PostgreSQL sequence race)."""
+    target = make_target(url="http://127.0.0.1:9/x")
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    events = store(entrypoint, n=3)
+    middle = Delivery.objects.order_by("id")[1]
+    late_id, late_event = middle.id, middle.event_id
+    middle.delete()  # as if its transaction had not committed yet
+    assert engine.intake_once() == 2
+    assert late_id in engine.intake.gaps
+    Delivery.objects.create(id=late_id, event_id=late_event, target=target)  # commits now
+    assert engine.intake_once() == 1
+    assert engine.inflight.owns(late_id)
+    assert not engine.intake.gaps
+    assert len(events) == 3
+
+
+def test_gaps_that_never_fill_are_forgotten(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/x")
+    clock = [0.0]
+    engine = make_engine(clock=lambda: clock[0])
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=3)
+    Delivery.objects.order_by("id")[1].delete()  # a rolled-back insert
+    engine.intake_once()
+    assert len(engine.intake.gaps) == 1
+    clock[0] += engine.intake.GAP_TTL + 1
+    engine.intake_once()
+    assert not engine.intake.gaps
+
+
+def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):
+    make_target(url=sink.url("/r"))
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    pump(engine, lambda: set(statuses().values()) == {"delivered"})
+    assert engine.intake_once() == 0
+    Delivery.objects.update(status="pending", updated_at=timezone.now())  # the admin
+    assert engine.intake_once() == 1
+    pump(engine, lambda: set(statuses().values()) == {"delivered"})
+    delivery = Delivery.objects.get()
+    assert delivery.attempts == 2
+    assert len(sink.requests("/r")) == 2
+    assert engine.inflight.held() == 0
+
+
+def test_a_full_target_waits_in_the_database(entrypoint, make_target, sink):
+    small = make_target(url=sink.url("/small"), name="small", max_queue_size=2)
+    other = make_target(url=sink.url("/other"), name="other")
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=5)
+    assert engine.intake_once() == 7  # 2 of small, 5 of other
+    assert engine.gate.held(small.id) == 2
+    assert engine.gate.held(other.id) == 5
+    pump(engine, lambda: not Delivery.objects.unfinished().exists())
+    assert len(sink.requests("/small")) == 5
+    assert engine.inflight.held() == 0
+
+
+# --- attempts ----------------------------------------------------------------
+
+
+def test_http_attempt_writes_result_and_status(entrypoint, make_target, sink):
+    make_target(url=sink.url("/hook"))
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    [event] = store(entrypoint, body=b'{"a": 1}')
+    engine.intake_once()
+    assert engine.process_one()
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts) == ("delivered", 1)
+    result = delivery.results.get()
+    assert (result.attempt, result.success, result.status_code) == (1, True, 200)
+    assert result.response_body == "ok"
+    [got] = sink.requests("/hook")
+    assert got.body == b'{"a": 1}'
+    assert got.headers["X-Webhooker-Event"] == str(event.code)
+    assert got.headers["X-Webhooker-Delivery"] == str(delivery.id)
+    assert engine.inflight.held() == 0
+
+
+def test_retries_until_success(entrypoint, make_target, sink):
+    make_target(url=sink.url("/flaky"), max_retries=3)
+    sink.respond("/flaky", 500, 500, 200)
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    pump(engine, lambda: Delivery.objects.get().status == "delivered")
+    delivery = Delivery.objects.get()
+    assert delivery.attempts == 3
+    assert [(r.attempt, r.success, r.status_code) for r in delivery.results.all()] == [
+        (1, False, 500), (2, False, 500), (3, True, 200)]
+    assert len(sink.requests("/flaky")) == 3
+    assert engine.inflight.held() == 0
+
+
+def test_retrying_status_and_next_attempt_between_attempts(entrypoint, make_target, sink):
+    make_target(url=sink.url("/flaky"), max_retries=3)
+    sink.respond("/flaky", 500)
+    engine = make_engine(backoff_base=60, backoff_cap=3600)
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    delivery = Delivery.objects.get()
+    assert delivery.status == "retrying"
+    gap = (delivery.next_attempt_at - delivery.results.get().created_at).total_seconds()
+    assert 54 <= gap <= 66
+    assert engine.inflight.owns(delivery.id)  # the scheduler holds it
+
+
+def test_fire_and_forget_fails_after_one_attempt(entrypoint, make_target, sink):
+    make_target(url=sink.url("/down"), max_retries=0)
+    sink.always("/down", 500)
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts, delivery.results.count()) == ("failed", 1, 1)
+    assert engine.scheduler.pending() == 0
+    assert engine.inflight.held() == 0
+
+
+def test_410_is_permanent(entrypoint, make_target, sink):
+    make_target(url=sink.url("/gone"), max_retries=5)
+    sink.always("/gone", 410)
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts) == ("failed", 1)
+    assert engine.inflight.held() == 0
+
+
+def test_retry_after_is_respected(entrypoint, make_target, sink):
+    make_target(url=sink.url("/busy"), max_retries=2)
+    sink.respond("/busy", (503, {"Retry-After": "7"}))
+    clock = [0.0]
+    engine = make_engine(clock=lambda: clock[0], backoff_base=0.01, backoff_cap=3600)
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    [(due, _, task)] = engine.scheduler._heap
+    assert 7.0 <= due <= 7.01
+    clock[0] = 6.9
+    assert engine.scheduler.release_due() == 0
+    clock[0] = 7.01
+    assert engine.scheduler.release_due() == 1
+    engine.process_one()
+    assert Delivery.objects.get().status == "delivered"
+
+
+def test_redirects_are_not_followed(entrypoint, make_target, sink):
+    make_target(url=sink.url("/moved"))
+    sink.always("/moved", 302, {"Location": sink.url("/elsewhere")})
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    result = DeliveryResult.objects.get()
+    assert (result.success, result.status_code) == (False, 302)
+    assert "redirect" in result.error
+    assert sink.requests("/elsewhere") == []
+
+
+def test_hop_by_hop_headers_are_stripped_and_extras_added(entrypoint, make_target, sink):
+    make_target(config={"url": sink.url("/h"), "headers": {"X-Token": "secret"}})
+    headers = [
+        ["Content-Type", "application/json"], ["Content-Length", "2"], ["Host", "in.example"],
+        ["Connection", "keep-alive, X-Private"], ["X-Private", "drop me"],
+        ["Keep-Alive", "300"], ["Transfer-Encoding", "chunked"], ["Upgrade", "h2c"],
+        ["X-Github-Event", "push"], ["X-Webhooker-Event", "spoofed"],
+    ]
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    [event] = store(entrypoint, body=b"{}", headers=headers)
+    engine.intake_once()
+    engine.process_one()
+    [got] = sink.requests("/h")
+    names = {k.lower() for k in got.headers}
+    assert not names & {"x-private", "keep-alive", "transfer-encoding", "upgrade"}
+    assert got.headers["Host"] == f"127.0.0.1:{sink.port}"
+    assert got.headers["X-Github-Event"] == "push"
+    assert got.headers["X-Token"] == "secret"
+    assert got.headers["X-Webhooker-Event"] == str(event.code)
+    assert got.headers["Content-Type"] == "application/json"
+
+
+def test_unreachable_target_records_the_error(entrypoint, make_target):
+    make_target(url="http://127.0.0.1:9/closed")
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    result = DeliveryResult.objects.get()
+    assert not result.success and result.status_code is None
+    assert "connection failed" in result.error
+
+
+def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink):
+    make_target(url=sink.url("/dead"), max_retries=10)
+    sink.always("/dead", 500)
+    clock = [0.0]
+    engine = make_engine(clock=lambda: clock[0], backoff_base=0.001, backoff_cap=0.001)
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    for _ in range(5):
+        engine.process_one()
+        clock[0] += 0.01
+        engine.scheduler.release_due()
+    assert Delivery.objects.get().attempts == 5
+    assert engine.breakers.open_count() == 1
+    engine.process_one()  # deferred by the open breaker
+    assert Delivery.objects.get().attempts == 5
+    assert len(sink.requests("/dead")) == 5
+    [(due, _, _)] = engine.scheduler._heap
+    assert due >= clock[0] + 29
+    sink.always("/dead", 200)
+    clock[0] = due
+    engine.scheduler.release_due()
+    engine.process_one()  # the probe
+    assert Delivery.objects.get().status == "delivered"
+    assert engine.breakers.open_count() == 0
+
+
+@pytest.mark.parametrize("type_", [Target.Type.DATABASE, Target.Type.LOG])
+def test_database_and_log_targets_deliver(entrypoint, make_target, type_, caplog):
+    make_target(type_)
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint, body=b'{"x": "logged"}')
+    engine.intake_once()
+    with caplog.at_level("INFO", logger="deliveries"):
+        engine.process_one()
+    assert Delivery.objects.get().status == "delivered"
+    if type_ == Target.Type.LOG:
+        assert any('{"x": "logged"}' in r.getMessage() for r in caplog.records)
+
+
+def test_inactive_target_fails_its_queued_deliveries(entrypoint, make_target, sink):
+    target = make_target(url=sink.url("/off"))
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    Target.objects.filter(id=target.id).update(active=False)
+    engine.intake_once()
+    engine.process_one()
+    delivery = Delivery.objects.get()
+    assert delivery.status == "failed"
+    assert "inactive" in delivery.results.get().error
+    assert sink.requests("/off") == []
+
+
+def test_large_bodies_are_read_at_attempt_time(entrypoint, make_target, sink):
+    make_target(url=sink.url("/big"))
+    body = b"B" * (64 * 1024)
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint, body=body, content_type="application/octet-stream")
+    engine.intake_once()
+    [task] = engine.channel.drain()
+    assert task.body is None  # not held in the channel
+    engine.process(task)
+    assert sink.requests("/big")[0].body == body
+
+
+def test_one_log_line_per_attempt(entrypoint, make_target, sink, caplog):
+    make_target(url=sink.url("/l"))
+    engine = make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    with caplog.at_level("INFO", logger="deliveries.engine"):
+        engine.process_one()
+    [line] = [r.getMessage() for r in caplog.records if r.name == "deliveries.engine"]
+    delivery = Delivery.objects.get()
+    assert f"delivery={delivery.id}" in line
+    assert f"target={delivery.target_id}" in line
+    assert "outcome=delivered" in line and "status_code=200" in line
+    assert "duration_ms=" in line
