@@ -1,30 +1,204 @@
-from django.contrib import admin
+"""The Django admin as webhooker's management UI (DESIGN §6).
 
+Every admin here is scoped by ownership: a staff user who is not a superuser sees
+and changes only the webhooks they own, and only those webhooks' entrypoints,
+targets, events and deliveries. The scope is applied in get_queryset, which the
+change list, change pages, actions, filters and autocomplete all go through; a
+guessed URL of another user's object answers 404 rather than the admin's usual
+redirect.
+"""
+
+import datetime
+import json
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import connection, transaction
+from django.db.models import Count, Exists, F, Func, IntegerField, OuterRef, Subquery
+from django.http import Http404, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.template.defaultfilters import filesizeformat
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from deliveries import wake
+from deliveries.forms import TargetForm
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+
+STATUS_COLOURS = {
+    "pending": "#6b7280",
+    "retrying": "#b45309",
+    "delivered": "#15803d",
+    "failed": "#b91c1c",
+}
+
+
+def status_badge(status):
+    return format_html(
+        '<span class="wh-badge" style="background:{}">{}</span>',
+        STATUS_COLOURS.get(status, "#6b7280"),
+        status,
+    )
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most CAP rows: a COUNT(*) over millions of rows is the slowest
+    query a change list runs, and nobody pages past the first few thousand."""
+
+    CAP = 10_000
+
+    @cached_property
+    def count(self):
+        return self.object_list[: self.CAP + 1].count()
+
+
+class OwnedAdmin(admin.ModelAdmin):
+    """Scopes every query to the requesting user's webhooks."""
+
+    owner_path = "webhook__owner"
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(**{self.owner_path: request.user})
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            # The admin would redirect with "doesn't exist"; another user's
+            # object must look exactly like one that does not exist at all.
+            raise Http404("No such object.")
+        return obj
+
+
+class ReadOnlyMixin:
+    """Records of what happened are never edited by hand (actions change them)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return request.user.is_superuser
+
+
+# --- webhooks ------------------------------------------------------------------
 
 
 class EntrypointInline(admin.TabularInline):
     model = Entrypoint
     extra = 0
-    fields = ["code", "description", "active", "created_at"]
-    readonly_fields = ["code", "created_at"]
+    fields = ["inbound_url", "description", "active", "created_at"]
+    readonly_fields = ["inbound_url", "created_at"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        self._request = request  # inline instances are made per request
+        return super().get_formset(request, obj, **kwargs)
+
+    @admin.display(description="Inbound URL")
+    def inbound_url(self, obj):
+        if not obj.pk:
+            return "(shown once saved)"
+        base = settings.WEBHOOKER_PUBLIC_URL or self._request.build_absolute_uri("/")[:-1]
+        url = f"{base}{obj.get_absolute_url()}"
+        return format_html(
+            '<code class="wh-url">{}</code> <button type="button" class="wh-copy" '
+            'data-copy="{}">Copy</button>',
+            url,
+            url,
+        )
 
 
 class TargetInline(admin.StackedInline):
     model = Target
+    form = TargetForm
     extra = 0
-    fields = ["name", "type", "active", "config", "max_retries", "max_queue_size"]
+    fieldsets = [
+        (None, {"fields": [("name", "type", "active")]}),
+        ("HTTP", {"fields": ["url", "headers", "timeout"], "classes": ["wh-type-http"]}),
+        ("Slack", {"fields": ["webhook_url"], "classes": ["wh-type-slack"]}),
+        ("Delivery", {"fields": [("max_retries", "max_queue_size")]}),
+    ]
+
+
+class HealthFilter(admin.SimpleListFilter):
+    title = "health"
+    parameter_name = "health"
+
+    def lookups(self, request, model_admin):
+        return [("ok", "OK"), ("degraded", "Retrying"), ("failing", "Failing")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "ok":
+            return queryset.filter(failed_24h=0, retrying_now=0)
+        if self.value() == "degraded":
+            return queryset.filter(failed_24h=0, retrying_now__gt=0)
+        if self.value() == "failing":
+            return queryset.filter(failed_24h__gt=0)
+        return queryset
+
+
+def _subcount(queryset):
+    """COUNT(*) of `queryset` as a correlated subquery: one per row of the page and
+    no join between events and deliveries multiplying each other's rows."""
+    counted = queryset.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")
+    return Subquery(counted[:1], output_field=IntegerField())
 
 
 @admin.register(Webhook)
-class WebhookAdmin(admin.ModelAdmin):
-    list_display = ["name", "owner", "retention_days", "created_at"]
-    search_fields = ["name", "code"]
-    fields = ["name", "description", "retention_days"]
+class WebhookAdmin(OwnedAdmin):
+    owner_path = "owner"
+    list_display = ["name", "health", "events_24h", "failing", "targets_count", "created_at"]
+    list_filter = [HealthFilter]
+    search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
 
+    class Media:
+        js = ["deliveries/admin.js"]
+        css = {"all": ["deliveries/admin.css"]}
+
+    def get_list_display(self, request):
+        if request.user.is_superuser:
+            return [*self.list_display[:1], "owner", *self.list_display[1:]]
+        return self.list_display
+
+    def get_fields(self, request, obj=None):
+        fields = ["name", "description", "retention_days"]
+        if request.user.is_superuser:
+            fields.append("owner")
+        return fields
+
+    def get_queryset(self, request):
+        since = timezone.now() - datetime.timedelta(hours=24)
+
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("owner")
+            .annotate(
+                events_24h=_subcount(
+                    Event.objects.filter(webhook=OuterRef("pk"), received_at__gte=since)
+                ),
+                failed_24h=_subcount(
+                    Delivery.objects.filter(
+                        target__webhook=OuterRef("pk"), status="failed", updated_at__gte=since
+                    )
+                ),
+                retrying_now=_subcount(
+                    Delivery.objects.filter(target__webhook=OuterRef("pk"), status="retrying")
+                ),
+                targets_count=Count("targets", distinct=True),
+            )
+        )
+
     def save_model(self, request, obj, form, change):
-        if not change:
+        if not change and not (request.user.is_superuser and obj.owner_id):
             obj.owner = request.user
         super().save_model(request, obj, form, change)
 
@@ -32,55 +206,424 @@ class WebhookAdmin(admin.ModelAdmin):
         super().save_related(request, form, formsets, change)
         form.instance.ensure_entrypoint()
 
+    @admin.display(description="Health")
+    def health(self, obj):
+        if obj.failed_24h:
+            return format_html(
+                '<span class="wh-dot wh-bad" title="{}">●</span> failing',
+                "failed deliveries in the last 24 h",
+            )
+        if obj.retrying_now:
+            return format_html(
+                '<span class="wh-dot wh-warn" title="{}">●</span> retrying',
+                "deliveries waiting for a retry",
+            )
+        return format_html(
+            '<span class="wh-dot wh-ok" title="{}">●</span> ok', "nothing failed in the last 24 h"
+        )
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Events and deliveries are records of what happened: never edited by hand."""
+    @admin.display(description="Events (24 h)", ordering="events_24h")
+    def events_24h(self, obj):
+        return obj.events_24h
 
-    def has_add_permission(self, request):
-        return False
+    @admin.display(description="Failing", ordering="failed_24h")
+    def failing(self, obj):
+        total = obj.failed_24h + obj.retrying_now
+        if not total:
+            return 0
+        url = reverse("admin:deliveries_delivery_changelist")
+        return format_html(
+            '<a href="{}?webhook={}&status__in=failed,retrying">{} ({} failed, {} retrying)</a>',
+            url,
+            obj.pk,
+            total,
+            obj.failed_24h,
+            obj.retrying_now,
+        )
 
-    def has_change_permission(self, request, obj=None):
-        return False
+    @admin.display(description="Targets", ordering="targets_count")
+    def targets_count(self, obj):
+        return obj.targets_count
+
+
+# --- events --------------------------------------------------------------------
 
 
 class DeliveryInline(admin.TabularInline):
     model = Delivery
     extra = 0
-    fields = ["target", "status", "attempts", "next_attempt_at", "updated_at"]
+    fields = ["link", "target", "badge", "attempts", "next_attempt_at", "updated_at"]
     readonly_fields = fields
     can_delete = False
+    show_change_link = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("target")
 
     def has_add_permission(self, request, obj=None):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="Delivery")
+    def link(self, obj):
+        url = reverse("admin:deliveries_delivery_change", args=[obj.pk])
+        return format_html('<a href="{}">#{}</a>', url, obj.pk)
+
+    @admin.display(description="Status")
+    def badge(self, obj):
+        return status_badge(obj.status)
+
+
+class WebhookFilter(admin.SimpleListFilter):
+    """The user's own webhooks only (RelatedFieldListFilter would list everyone's)."""
+
+    title = "webhook"
+    parameter_name = "webhook"
+    field = "webhook"
+
+    def lookups(self, request, model_admin):
+        webhooks = Webhook.objects.order_by("name")
+        if not request.user.is_superuser:
+            webhooks = webhooks.filter(owner=request.user)
+        return list(webhooks.values_list("pk", "name"))
+
+    def queryset(self, request, queryset):
+        if self.value():
+            try:
+                return queryset.filter(**{self.field: int(self.value())})
+            except ValueError:
+                return queryset.none()
+        return queryset
+
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyAdmin):
-    list_display = ["code", "webhook", "method", "content_type", "body_size", "received_at"]
+class EventAdmin(ReadOnlyMixin, OwnedAdmin):
+    list_display = [
+        "code",
+        "webhook",
+        "method",
+        "content_type",
+        "size",
+        "remote_addr",
+        "received_at",
+    ]
     list_select_related = ["webhook"]
-    list_filter = ["webhook"]
-    search_fields = ["code"]
-    exclude = ["body"]
-    inlines = [DeliveryInline]
+    list_filter = [WebhookFilter, ("received_at", admin.DateFieldListFilter)]
+    search_fields = ["=code"]
+    paginator = CappedCountPaginator
     show_full_result_count = False
+    inlines = [DeliveryInline]
+    actions = ["replay"]
+    fieldsets = [
+        (None, {"fields": ["code", "webhook", "entrypoint", "received_at"]}),
+        ("Request", {"fields": ["method", "content_type", "size", "remote_addr"]}),
+        ("Headers", {"fields": ["headers_table"]}),
+        ("Body", {"fields": ["body_view"]}),
+    ]
+
+    class Media:
+        css = {"all": ["deliveries/admin.css"]}
+        js = ["deliveries/admin.js"]
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
+            # The list never shows bodies or headers: don't read megabytes per page.
+            queryset = queryset.defer("body", "headers")
+        return queryset
+
+    def get_readonly_fields(self, request, obj=None):
+        return [
+            "code",
+            "webhook",
+            "entrypoint",
+            "received_at",
+            "method",
+            "content_type",
+            "size",
+            "remote_addr",
+            "headers_table",
+            "body_view",
+        ]
+
+    def get_urls(self):
+        return [
+            path(
+                "<path:object_id>/body/",
+                self.admin_site.admin_view(self.body_download),
+                name="deliveries_event_body",
+            ),
+            *super().get_urls(),
+        ]
+
+    def body_download(self, request, object_id):
+        """The exact bytes as received."""
+        if not self.has_view_permission(request):
+            raise Http404
+        event = get_object_or_404(self.get_queryset(request), pk=object_id)
+        response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    @admin.display(description="Size", ordering="body_size")
+    def size(self, obj):
+        return filesizeformat(obj.body_size)
+
+    @admin.display(description="Headers")
+    def headers_table(self, obj):
+        rows = format_html_join(
+            "",
+            "<tr><th>{}</th><td><code>{}</code></td></tr>",
+            ((name, value) for name, value in obj.headers),
+        )
+        return format_html('<table class="wh-headers">{}</table>', rows)
+
+    @admin.display(description="Body")
+    def body_view(self, obj):
+        body = bytes(obj.body)
+        url = reverse("admin:deliveries_event_body", args=[obj.pk])
+        download = format_html(
+            '<p><a href="{}">Download the exact bytes</a> ({})</p>', url, filesizeformat(len(body))
+        )
+        return format_html("{}{}", download, render_body(body))
+
+    @admin.action(description="Replay selected events to their targets")
+    def replay(self, request, queryset):
+        reset, created = replay_events(queryset)
+        self.message_user(
+            request,
+            f"Queued {reset + created} deliveries: {reset} redelivered, {created} new for "
+            "targets added since.",
+            messages.SUCCESS,
+        )
+
+
+BODY_PREVIEW = 256 * 1024
+
+
+def render_body(body: bytes):
+    """Pretty JSON, else text, else a hex view, at most BODY_PREVIEW bytes."""
+    shown = body[:BODY_PREVIEW]
+    cut = "" if len(body) <= BODY_PREVIEW else f"\n… {len(body) - BODY_PREVIEW} more bytes"
+    try:
+        text = shown.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        try:
+            pretty = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+            return format_html('<pre class="wh-body wh-json">{}</pre>', pretty[:BODY_PREVIEW])
+        except ValueError:
+            return format_html('<pre class="wh-body">{}{}</pre>', text, cut)
+    lines = []
+    for offset in range(0, len(shown), 16):
+        chunk = shown[offset : offset + 16]
+        hexes = " ".join(f"{b:02x}" for b in chunk)
+        printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexes:<47}  {printable}")
+    return format_html('<pre class="wh-body wh-hex">{}{}</pre>', "\n".join(lines), cut)
+
+
+def replay_events(events):
+    """Set every finished delivery of `events` back to pending and add deliveries for
+    active targets that have none yet. Set-based: a few queries for any number."""
+    now = timezone.now()
+    event_ids = events.values("pk")
+    with transaction.atomic():
+        reset = Delivery.objects.filter(
+            event__in=event_ids, status__in=[Delivery.Status.DELIVERED, Delivery.Status.FAILED]
+        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=now)
+        missing = (
+            Event.objects.filter(pk__in=event_ids)
+            .filter(webhook__targets__active=True)
+            .annotate(target_id=F("webhook__targets__id"))
+            .exclude(
+                Exists(Delivery.objects.filter(event=OuterRef("pk"), target=OuterRef("target_id")))
+            )
+            .values_list("pk", "target_id")
+        )
+        created = len(
+            Delivery.objects.bulk_create(
+                [
+                    Delivery(event_id=e, target_id=t, created_at=now, updated_at=now)
+                    for e, t in missing.iterator(chunk_size=2000)
+                ],
+                batch_size=1000,
+                ignore_conflicts=True,
+            )
+        )
+        if reset or created:
+            wake.notify_on_commit(connection)
+    return reset, created
+
+
+def redeliver(deliveries):
+    """Set finished deliveries back to pending, keeping attempts and history."""
+    with transaction.atomic():
+        queued = deliveries.filter(
+            status__in=[Delivery.Status.DELIVERED, Delivery.Status.FAILED]
+        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=timezone.now())
+        if queued:
+            wake.notify_on_commit(connection)
+    return queued
+
+
+# --- deliveries ----------------------------------------------------------------
+
+
+class DeliveryWebhookFilter(WebhookFilter):
+    field = "target__webhook"
+
+
+class TargetFilter(admin.SimpleListFilter):
+    title = "target"
+    parameter_name = "target"
+
+    def lookups(self, request, model_admin):
+        targets = Target.objects.select_related("webhook").order_by("webhook__name", "name")
+        if not request.user.is_superuser:
+            targets = targets.filter(webhook__owner=request.user)
+        webhook = request.GET.get("webhook")
+        if webhook and webhook.isdigit():
+            targets = targets.filter(webhook_id=webhook)
+        return [(t.pk, f"{t.webhook.name} → {t.name}") for t in targets]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            try:
+                return queryset.filter(target=int(self.value()))
+            except ValueError:
+                return queryset.none()
+        return queryset
 
 
 class DeliveryResultInline(admin.TabularInline):
     model = DeliveryResult
+    verbose_name = "attempt"
+    verbose_name_plural = "attempt timeline"
     extra = 0
-    fields = ["attempt", "created_at", "success", "status_code", "duration_ms", "error"]
+    fields = [
+        "attempt",
+        "created_at",
+        "outcome",
+        "status_code",
+        "duration_ms",
+        "error",
+        "response_excerpt",
+    ]
     readonly_fields = fields
     can_delete = False
+    ordering = ["attempt", "id"]
 
     def has_add_permission(self, request, obj=None):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="Outcome")
+    def outcome(self, obj):
+        return status_badge("delivered" if obj.success else "failed")
+
+    @admin.display(description="Response")
+    def response_excerpt(self, obj):
+        if not obj.response_body:
+            return "–"
+        return format_html('<pre class="wh-excerpt">{}</pre>', obj.response_body[:500])
+
 
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyAdmin):
-    list_display = ["id", "event", "target", "status", "attempts", "next_attempt_at", "updated_at"]
-    list_select_related = ["event", "target"]
-    list_filter = ["status"]
-    search_fields = ["event__code"]
-    inlines = [DeliveryResultInline]
+class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
+    owner_path = "target__webhook__owner"
+    list_display = [
+        "id",
+        "badge",
+        "webhook",
+        "target",
+        "event_link",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "updated_at",
+    ]
+    list_display_links = ["id"]
+    list_select_related = ["target__webhook"]
+    list_filter = [
+        ("status", admin.ChoicesFieldListFilter),
+        ("target__type", admin.ChoicesFieldListFilter),
+        DeliveryWebhookFilter,
+        TargetFilter,
+        ("created_at", admin.DateFieldListFilter),
+    ]
+    search_fields = ["=event__code"]
+    paginator = CappedCountPaginator
     show_full_result_count = False
+    actions = ["redeliver"]
+    inlines = [DeliveryResultInline]
+    fields = [
+        "badge",
+        "event_link",
+        "webhook",
+        "target",
+        "attempts",
+        "next_attempt_at",
+        "created_at",
+        "updated_at",
+    ]
+
+    class Media:
+        css = {"all": ["deliveries/admin.css"]}
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def get_queryset(self, request):
+        last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                event_code=F("event__code"),
+                last_status_code=Subquery(last.values("status_code")[:1]),
+            )
+        )
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup in ("status__in",):
+            return True
+        return super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description="Status", ordering="status")
+    def badge(self, obj):
+        return status_badge(obj.status)
+
+    @admin.display(description="Webhook")
+    def webhook(self, obj):
+        return obj.target.webhook
+
+    @admin.display(description="Event")
+    def event_link(self, obj):
+        url = reverse("admin:deliveries_event_change", args=[obj.event_id])
+        return format_html('<a href="{}">{}</a>', url, obj.event_code)
+
+    @admin.display(description="Last code")
+    def last_status_code(self, obj):
+        return obj.last_status_code if obj.last_status_code is not None else "–"
+
+    @admin.action(description="Redeliver selected deliveries")
+    def redeliver(self, request, queryset):
+        total = queryset.count()
+        queued = redeliver(queryset)
+        skipped = total - queued
+        note = f" {skipped} pending or retrying were already on their way." if skipped else ""
+        self.message_user(
+            request, f"Queued {queued} deliveries for redelivery.{note}", messages.SUCCESS
+        )
+
+
+admin.site.site_header = "webhooker"
+admin.site.site_title = "webhooker"
+admin.site.index_title = "Dashboard"

@@ -129,8 +129,14 @@ class DeliveryQuerySet(models.QuerySet):
         return self.filter(status__in=Delivery.UNFINISHED)
 
     def stale(self, before):
-        """Pending deliveries nobody touched since `before` (the recovery tick)."""
-        return self.filter(status=Delivery.Status.PENDING, updated_at__lt=before)
+        """What the recovery tick looks at: pending deliveries nobody touched since
+        `before`, and retrying ones whose retry was due before then (a retry that
+        lost its owner must not wait for the next restart)."""
+        return self.filter(
+            models.Q(status=Delivery.Status.PENDING)
+            | models.Q(status=Delivery.Status.RETRYING, next_attempt_at__lt=before),
+            updated_at__lt=before,
+        )
 
     def requeued(self):
         """Pending deliveries that were attempted before: set back by a redeliver."""
@@ -146,8 +152,10 @@ class Delivery(models.Model):
 
     UNFINISHED = (Status.PENDING, Status.RETRYING)
 
-    event = models.ForeignKey(Event, models.CASCADE, related_name="deliveries")
-    target = models.ForeignKey(Target, models.CASCADE, related_name="deliveries")
+    # Both foreign keys are served by composite indexes below (the unique
+    # constraint leads with event); a plain index on each would only cost inserts.
+    event = models.ForeignKey(Event, models.CASCADE, related_name="deliveries", db_index=False)
+    target = models.ForeignKey(Target, models.CASCADE, related_name="deliveries", db_index=False)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
@@ -166,6 +174,13 @@ class Delivery(models.Model):
             models.UniqueConstraint(fields=["event", "target"], name="delivery_event_target_uniq"),
         ]
         indexes = [
+            # The admin's delivery list (newest first) filtered by status, and the
+            # dashboard's counts by status.
+            models.Index(fields=["status", "-id"], name="delivery_status_idx"),
+            # The dashboard's last-24-hours figures.
+            models.Index(fields=["updated_at"], name="delivery_updated_idx"),
+            # A target's deliveries newest first (admin filter), cascades on delete.
+            models.Index(fields=["target", "-id"], name="delivery_target_idx"),
             # Recovery: at start every pending/retrying delivery; on a tick the
             # pending ones with updated_at < now - DELIVERY_STALE_AFTER, oldest first.
             # Partial, so it holds only unfinished rows however many are delivered.

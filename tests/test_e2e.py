@@ -5,7 +5,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,7 +51,7 @@ def test_kill_9_loses_nothing_and_duplicates_only_what_was_in_flight(
 
         # Let requests already on the wire land, then see which were sent but
         # never recorded: exactly the attempts in flight at the kill.
-        def settled(previous=[-1]):  # noqa: B006 (state between polls)
+        def settled(previous=[-1]):
             now = len(sink.requests())
             done, previous[0] = now == previous[0], now
             return done
@@ -62,7 +61,8 @@ def test_kill_9_loses_nothing_and_duplicates_only_what_was_in_flight(
         pending = {
             ("/" + name, str(code))
             for name, code in Delivery.objects.unfinished().values_list(
-                "target__name", "event__code")
+                "target__name", "event__code"
+            )
         }
         in_flight = len(received & pending)
         assert unfinished() > 0, "the kill came too late to test anything"
@@ -115,8 +115,10 @@ def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, 
     web, base = start_web(data_dir, workers=1, **slow_poll)
     engine = start_engine(data_dir, **slow_poll)
     try:
-        wait_until(lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
-                   message="engine heartbeat")
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
+            message="engine heartbeat",
+        )
         post_events(base, entrypoint, 3)
         sink.wait_for(3, "/w", timeout=15)
     finally:
@@ -128,10 +130,15 @@ def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
     port = free_port()
     env = process_env(data_dir, WEBHOOKER_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY=1)
     serve = subprocess.Popen(
-        [sys.executable, "manage.py", "serve"], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "manage.py", "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
+
         def up():
             try:
                 return requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=1).ok
@@ -139,8 +146,9 @@ def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
                 return False
 
         wait_until(up, timeout=30, message="serve's gunicorn")
-        wait_until(lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
-                   message="serve's engine")
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
+        )
         children = subprocess.run(
             ["pgrep", "-P", str(serve.pid)], capture_output=True, text=True
         ).stdout.split()

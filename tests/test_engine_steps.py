@@ -24,8 +24,9 @@ def test_recovery_at_start_takes_every_pending_and_retrying(entrypoint, make_tar
     retrying = Delivery.objects.first()
     soon = timezone.now() + datetime.timedelta(seconds=30)
     Delivery.objects.filter(id=retrying.id).update(status="retrying", next_attempt_at=soon)
-    Delivery.objects.create(event=retrying.event, target=make_target(name="done"),
-                            status="delivered")
+    Delivery.objects.create(
+        event=retrying.event, target=make_target(name="done"), status="delivered"
+    )
     engine = make_engine()
 
     assert engine.recover_once(at_start=True) == 3
@@ -42,9 +43,11 @@ def test_retrying_is_scheduled_after_what_is_left_of_its_backoff(entrypoint, mak
     first, second = Delivery.objects.order_by("id")
     now = timezone.now()
     Delivery.objects.filter(id=first.id).update(
-        status="retrying", next_attempt_at=now + datetime.timedelta(seconds=40))
+        status="retrying", next_attempt_at=now + datetime.timedelta(seconds=40)
+    )
     Delivery.objects.filter(id=second.id).update(
-        status="retrying", next_attempt_at=now - datetime.timedelta(seconds=40))
+        status="retrying", next_attempt_at=now - datetime.timedelta(seconds=40)
+    )
     clock = [500.0]
     engine = make_engine(clock=lambda: clock[0])
 
@@ -207,7 +210,10 @@ def test_retries_until_success(entrypoint, make_target, sink):
     delivery = Delivery.objects.get()
     assert delivery.attempts == 3
     assert [(r.attempt, r.success, r.status_code) for r in delivery.results.all()] == [
-        (1, False, 500), (2, False, 500), (3, True, 200)]
+        (1, False, 500),
+        (2, False, 500),
+        (3, True, 200),
+    ]
     assert len(sink.requests("/flaky")) == 3
     assert engine.inflight.held() == 0
 
@@ -263,7 +269,7 @@ def test_retry_after_is_respected(entrypoint, make_target, sink):
     store(entrypoint)
     engine.intake_once()
     engine.process_one()
-    [(due, _, task)] = engine.scheduler._heap
+    [(due, _, _task)] = engine.scheduler._heap
     assert 7.0 <= due <= 7.01
     clock[0] = 6.9
     assert engine.scheduler.release_due() == 0
@@ -290,10 +296,16 @@ def test_redirects_are_not_followed(entrypoint, make_target, sink):
 def test_hop_by_hop_headers_are_stripped_and_extras_added(entrypoint, make_target, sink):
     make_target(config={"url": sink.url("/h"), "headers": {"X-Token": "secret"}})
     headers = [
-        ["Content-Type", "application/json"], ["Content-Length", "2"], ["Host", "in.example"],
-        ["Connection", "keep-alive, X-Private"], ["X-Private", "drop me"],
-        ["Keep-Alive", "300"], ["Transfer-Encoding", "chunked"], ["Upgrade", "h2c"],
-        ["X-Github-Event", "push"], ["X-Webhooker-Event", "spoofed"],
+        ["Content-Type", "application/json"],
+        ["Content-Length", "2"],
+        ["Host", "in.example"],
+        ["Connection", "keep-alive, X-Private"],
+        ["X-Private", "drop me"],
+        ["Keep-Alive", "300"],
+        ["Transfer-Encoding", "chunked"],
+        ["Upgrade", "h2c"],
+        ["X-Github-Event", "push"],
+        ["X-Webhooker-Event", "spoofed"],
     ]
     engine = make_engine()
     engine.recover_once(at_start=True)

@@ -39,7 +39,8 @@ def test_a_hung_target_does_not_stall_a_healthy_one(entrypoint, make_target, sin
     with RunningEngine(workers=4, target_concurrency=2, http_timeout=30) as engine:
         wait_until(
             lambda: Delivery.objects.filter(target=healthy, status="delivered").count() == 40,
-            timeout=60, message="the healthy target's deliveries",
+            timeout=60,
+            message="the healthy target's deliveries",
         )
         # The hung target's deliveries are all still outstanding, and owned.
         assert Delivery.objects.filter(target=hung, status="pending").count() == 40
@@ -56,7 +57,10 @@ def test_no_duplicates_with_intake_retries_and_ticks_racing(entrypoint, make_tar
         sink.respond("/flaky", 500, 503)
     store(entrypoint, n=100)
     with RunningEngine(
-        recovery_interval=0.01, stale_after=0, backoff_base=0.01, backoff_cap=0.05,
+        recovery_interval=0.01,
+        stale_after=0,
+        backoff_base=0.01,
+        backoff_cap=0.05,
         breaker_cooldown=0.05,
     ) as engine:
         store(entrypoint, n=100)  # while it runs, through intake

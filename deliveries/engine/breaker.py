@@ -16,8 +16,6 @@ import time
 class CircuitBreaker:
     FAILURE_THRESHOLD = 5
     COOLDOWN = 30.0
-    # While the half-open probe is out, others wait this long and ask again.
-    PROBE_WAIT = 1.0
 
     CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
@@ -41,7 +39,9 @@ class CircuitBreaker:
                     return self.opened_until
                 self.state = self.HALF_OPEN
                 return None
-            return now + min(self.PROBE_WAIT, self.cooldown)
+            # The probe is out: the others come back a cooldown later, by when its
+            # result is known, rather than circling through the channel meanwhile.
+            return now + self.cooldown
 
     def record(self, success: bool) -> None:
         with self._lock:

@@ -46,7 +46,13 @@ class Claimer:
             claimed[delivery_id] = target_id
         if not claimed:
             return []
-        tasks = load_tasks(list(claimed))
+        try:
+            tasks = load_tasks(list(claimed))
+        except BaseException:
+            for delivery_id, target_id in claimed.items():
+                self.gate.discharge(target_id)
+                self.inflight.release(delivery_id)
+            raise
         for task in tasks:
             del claimed[task.delivery_id]
         for delivery_id, target_id in claimed.items():  # finished meanwhile

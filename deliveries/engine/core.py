@@ -11,6 +11,7 @@ import time
 from django.conf import settings
 from django.db import connection
 from django.db.models import Max, Min
+from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from deliveries.engine import heartbeat
@@ -33,6 +34,12 @@ class Engine:
     HEARTBEAT_INTERVAL = 5.0
     # How often an idle worker looks up from the channel to see whether to stop.
     WORKER_WAKE = 0.5
+    # A result that could not be written (database down) is tried again this much
+    # later, the delivery still owned: the attempt is not sent again meanwhile.
+    WRITE_RETRY = 5.0
+    # Graceful stop waits this long for running attempts: the longest per-target
+    # timeout a config may set, plus a margin.
+    DRAIN_TIMEOUT = 310.0
 
     def __init__(
         self,
@@ -69,7 +76,9 @@ class Engine:
         self.claimer = Claimer(inflight=self.inflight, gate=self.gate, overflow=self.overflow)
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
         self.breakers = Breakers(clock=clock, cooldown=breaker_cooldown)
-        self.intake = Intake(claimer=self.claimer, channel=self.channel, clock=clock)
+        self.intake = Intake(
+            claimer=self.claimer, channel=self.channel, dispatch=self.dispatch, clock=clock
+        )
 
         self.stop_event = threading.Event()
         self.wake_event = threading.Event()
@@ -99,9 +108,11 @@ class Engine:
     def recover_once(self, *, at_start=False, now=None) -> int:
         """Run the recovery routine once (see recovery.py); return tasks dispatched."""
         if at_start:
-            bounds = Delivery.objects.aggregate(newest=Max("id"))
-            oldest = Delivery.objects.unfinished().aggregate(oldest=Min("id"))["oldest"]
-            self.intake.start_at(bounds["newest"] or 0, oldest)
+            newest = Delivery.objects.aggregate(newest=Max("id"))["newest"]
+            oldest = Delivery.objects.filter(status=Delivery.Status.PENDING).aggregate(
+                oldest=Min("id")
+            )["oldest"]
+            self.intake.start_at(newest or 0, oldest)
         return recover(
             claimer=self.claimer,
             dispatch=self.dispatch,
@@ -110,6 +121,7 @@ class Engine:
             stale_after=self.stale_after,
             batch=self.recovery_batch,
             now=now,
+            stopping=self.stop_event.is_set,
         )
 
     def intake_once(self) -> int:
@@ -137,13 +149,24 @@ class Engine:
         if not self.gate.enter(task):
             return  # parked: the target has its share of workers
         while task is not None:
-            if self.stop_event.is_set():
+            try:
+                if self.stop_event.is_set():
+                    self.release(task)
+                else:
+                    self.attempt(task)
+            except Exception:
+                # A bug must cost one delivery's promptness, never a worker, a
+                # slot or an ownership reference: the row keeps its status and
+                # recovery takes it again.
+                logger.exception("delivery %s: unexpected error", task.delivery_id)
                 self.release(task)
-            else:
-                self.attempt(task)
-            task = self.gate.leave(task.target_id)
+            finally:
+                task = self.gate.leave(task.target_id)
 
     def attempt(self, task) -> None:
+        if task.unwritten is not None:
+            self._finish(task, *task.unwritten)
+            return
         kind = TARGET_TYPES.get(task.target_type)
         retries = kind is not None and kind.retries and task.max_retries > 0
         breaker = self.breakers.get(task.target_id) if retries else None
@@ -153,16 +176,34 @@ class Engine:
                 # Deferred, not attempted: ownership kept, attempt not counted.
                 self._schedule(task, retry_at)
                 return
-        outcome, duration_ms = timed_call(task)
+        try:
+            outcome, duration_ms = timed_call(task)
+        except DatabaseError:
+            # Reading a large body failed: the engine's trouble, not the target's.
+            logger.warning(
+                "delivery %s: database unavailable; trying again shortly",
+                task.delivery_id,
+                exc_info=True,
+            )
+            connection.close()
+            self._schedule(task, self.clock() + self.WRITE_RETRY)
+            return
         if breaker is not None:
             breaker.record(outcome.success)
         status, delay = decide(
             task, outcome, retries=retries, base=self.backoff_base, cap=self.backoff_cap
         )
-        written = write_result_retrying(
-            task, outcome, status, delay, duration_ms, stop=self.stop_event
-        )
         log_attempt(task, outcome, status, duration_ms)
+        self._finish(task, outcome, status, delay, duration_ms)
+
+    def _finish(self, task, outcome, status, delay, duration_ms) -> None:
+        """Record the attempt, then schedule the retry or let the delivery go."""
+        written = write_result_retrying(task, outcome, status, delay, duration_ms)
+        if written is None:
+            task.unwritten = (outcome, status, delay, duration_ms)
+            self._schedule(task, self.clock() + self.WRITE_RETRY)
+            return
+        task.unwritten = None
         if written and status == Delivery.Status.RETRYING:
             task.attempts += 1
             task.status = status
@@ -198,8 +239,13 @@ class Engine:
 
     # --- threads -----------------------------------------------------------------
 
-    def run(self, *, once: bool = False, listener=None) -> None:
-        """Recover, then run every part until stop() (or, with once, until idle)."""
+    def run(self, *, once: bool = False, listener=None, lock=None) -> int:
+        """Recover, then run every part until stop() (or, with once, until idle).
+
+        Returns the exit code: 0, or 1 if the engine lock was lost while running.
+        """
+        self.lock = lock
+        self.exit_code = 0
         heartbeat.beat(self, starting=True)
         self.recover_once(at_start=True)
         self._spawn("scheduler", self.scheduler.run)
@@ -217,9 +263,12 @@ class Engine:
             else:
                 self.stop_event.wait()
         finally:
-            self.shutdown()
-            if listener is not None:
-                listener.stop()
+            try:
+                self.shutdown()
+            finally:
+                if listener is not None:
+                    listener.stop()
+        return self.exit_code
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -228,7 +277,7 @@ class Engine:
     def shutdown(self, timeout: float | None = None) -> None:
         """Graceful stop (invariant 8): claimants first, then the running attempts."""
         self.stop()
-        timeout = self.http_timeout + 10 if timeout is None else timeout
+        timeout = self.DRAIN_TIMEOUT if timeout is None else timeout
         for name in ("intake", "recovery"):
             self._join(name, timeout)
         for task in self.scheduler.stop():
@@ -238,7 +287,11 @@ class Engine:
             self.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
         self._join("heartbeat", timeout)
-        heartbeat.beat(self, stopped=True)
+        try:
+            connection.close_if_unusable_or_obsolete()
+            heartbeat.beat(self, stopped=True)
+        except Exception:
+            logger.warning("could not record the engine's stop", exc_info=True)
         connection.close()
 
     def _spawn(self, name, target):
@@ -274,6 +327,9 @@ class Engine:
             task = self.channel.get(self.WORKER_WAKE)
             if task is None:
                 continue
+            # Long-lived threads get no request signals: drop a connection that
+            # broke or outlived CONN_MAX_AGE here, before it fails a write.
+            connection.close_if_unusable_or_obsolete()
             with self._busy_lock:
                 self._busy += 1
             try:
@@ -284,17 +340,29 @@ class Engine:
 
     def _intake_loop(self):
         while not self.stop_event.is_set():
-            while self._guarded(self.intake_once, "intake") and not self.stop_event.is_set():
+            connection.close_if_unusable_or_obsolete()
+            while (
+                self._guarded(self.intake_once, "intake") or self.intake.more
+            ) and not self.stop_event.is_set():
                 pass
             self.wake_event.wait(self.poll_interval)
             self.wake_event.clear()
 
     def _recovery_loop(self):
         while not self.stop_event.wait(self.recovery_interval):
+            connection.close_if_unusable_or_obsolete()
             self._guarded(self.recover_once, "recovery")
 
     def _heartbeat_loop(self):
         while not self.stop_event.wait(self.HEARTBEAT_INTERVAL):
+            if self.lock is not None and not self.lock.alive():
+                # Another engine may start now: two inflight sets would send
+                # duplicates, so this one stops.
+                logger.error("the engine lock was lost; stopping")
+                self.exit_code = 1
+                self.stop()
+                return
+            connection.close_if_unusable_or_obsolete()
             self._guarded(lambda: heartbeat.beat(self), "heartbeat")
 
     def _wait_idle(self):

@@ -34,84 +34,100 @@ class Intake:
     # out of order just before the start are read by the first passes.
     START_MARGIN = 1_000
 
-    def __init__(self, *, claimer, channel, clock=time.monotonic):
+    def __init__(self, *, claimer, channel, dispatch, clock=time.monotonic):
         self.claimer = claimer
         self.channel = channel
+        # Pending rows go to the channel, retrying ones (overflow drains can meet
+        # them) to the scheduler at their time: never earlier than their backoff.
+        self.dispatch = dispatch
         self.clock = clock
         self.cursor = 0
-        # The highest id seen by the cursor: a gap is a missing id between two
-        # seen rows, never below the first (ids before it may be long gone).
+        # The highest id the cursor has seen: a gap is a missing id between two
+        # seen rows (or above the start margin), never below the first.
         self.last_seen: int | None = None
         self.gap_floor = 0
         self.gaps: dict[int, float] = {}
         self.requeue_pos = 0
+        # Set by a pass that read a full page somewhere: more rows may be waiting.
+        self.more = False
 
-    def start_at(self, newest_id: int, oldest_unfinished_id: int | None) -> None:
+    def start_at(self, newest_id: int, oldest_pending_id: int | None) -> None:
         """Place the cursor before what the start must still read."""
         low = newest_id - self.START_MARGIN
-        if oldest_unfinished_id is not None:
-            low = min(low, oldest_unfinished_id - 1)
+        if oldest_pending_id is not None:
+            low = min(low, oldest_pending_id - 1)
         self.cursor = max(0, low)
-        # Ids below the newest at start are history (deleted rows, old rollbacks),
-        # not gaps worth waiting for.
-        self.gap_floor = newest_id
-        self.last_seen = newest_id or None
+        self.gap_floor = max(0, newest_id - self.START_MARGIN)
+        self.last_seen = None
 
     def run_once(self) -> int:
-        """One pass over all three sources; return how many tasks were queued.
+        """One pass over all sources; return how many tasks were dispatched.
 
-        A full pass (as many rows as there was room for) means more may be
-        waiting: the caller runs another pass at once instead of sleeping.
+        Positions (cursor, gaps, rotations, overflow) move only once the claim of
+        what they read has succeeded: a database error mid-pass leaves them where
+        they were, and the next pass reads the same rows again.
         """
-        queued = 0
+        dispatched = 0
+        self.more = False
         room = self.channel.room()
-        for source in (self._from_cursor, self._from_gaps, self._requeued, self._overflowed):
+        for source in (self._from_gaps, self._from_cursor, self._requeued, self._overflowed):
             if room <= 0:
+                self.more = True
                 break
-            tasks = self.claimer.claim(source(room))
+            rows, commit = source(room)
+            tasks = self.claimer.claim(rows)
+            commit()
             for task in tasks:
-                self.channel.put(task)
-            queued += len(tasks)
+                self.dispatch(task)
+            dispatched += len(tasks)
             room -= len(tasks)
-        return queued
+        return dispatched
+
+    def _from_gaps(self, room):
+        if not self.gaps:
+            return [], _nothing
+        cutoff = self.clock() - self.GAP_TTL
+        for delivery_id in [d for d, seen in self.gaps.items() if seen < cutoff]:
+            del self.gaps[delivery_id]
+        ids = sorted(self.gaps)[:room]
+        if not ids:
+            return [], _nothing
+        rows = list(Delivery.objects.filter(id__in=ids).values_list(*CANDIDATE_FIELDS))
+
+        def commit():
+            for row in rows:  # filled: committed at last, whatever its status now
+                self.gaps.pop(row[0], None)
+
+        return rows, commit
 
     def _from_cursor(self, room):
         # Every status, not just pending: seeing each id is what makes a missing
-        # one a gap rather than a delivered row.
+        # one a gap rather than a finished row.
         rows = list(
             Delivery.objects.filter(id__gt=self.cursor)
             .order_by("id")
             .values_list(*CANDIDATE_FIELDS)[:room]
         )
         if not rows:
-            return rows
-        now = self.clock()
-        for row in rows:
-            if self.last_seen is not None and row[0] > self.last_seen + 1:
-                self._note_gaps(range(max(self.last_seen, self.gap_floor) + 1, row[0]), now)
-            self.last_seen = max(row[0], self.last_seen or 0)
-        self.cursor = rows[-1][0]
-        return rows
+            return rows, _nothing
+
+        def commit():
+            now = self.clock()
+            for row in rows:
+                low = max(self.last_seen or 0, self.gap_floor) + 1
+                if self.last_seen is not None and row[0] > low:
+                    self._note_gaps(range(low, row[0]), now)
+                self.last_seen = max(row[0], self.last_seen or 0)
+            self.cursor = rows[-1][0]
+            self.more |= len(rows) == room
+
+        return rows, commit
 
     def _note_gaps(self, ids, now):
         for delivery_id in ids:
             if len(self.gaps) >= self.MAX_GAPS:
                 return
             self.gaps[delivery_id] = now
-
-    def _from_gaps(self, room):
-        if not self.gaps:
-            return []
-        cutoff = self.clock() - self.GAP_TTL
-        for delivery_id in [d for d, seen in self.gaps.items() if seen < cutoff]:
-            del self.gaps[delivery_id]
-        if not self.gaps:
-            return []
-        ids = sorted(self.gaps)[:room]
-        rows = list(Delivery.objects.filter(id__in=ids).values_list(*CANDIDATE_FIELDS))
-        for row in rows:  # filled: committed at last, whatever its status now
-            self.gaps.pop(row[0], None)
-        return rows
 
     def _requeued(self, room):
         rows = list(
@@ -120,13 +136,16 @@ class Intake:
             .order_by("id")
             .values_list(*CANDIDATE_FIELDS)[:room]
         )
-        # Rotate: rows still owned are passed over, the scan starts again at the
-        # beginning once it reaches the end.
-        self.requeue_pos = rows[-1][0] if len(rows) == room else 0
-        return rows
+
+        def commit():
+            # Rotate: rows still owned are passed over, and the scan starts again
+            # at the beginning once it reaches the end.
+            self.requeue_pos = rows[-1][0] if len(rows) == room else 0
+
+        return rows, commit
 
     def _overflowed(self, room):
-        rows = []
+        rows, advances = [], []
         gate = self.claimer.gate
         for target_id, from_id in self.claimer.overflow.items():
             if room <= 0:
@@ -138,14 +157,23 @@ class Intake:
                 .values_list(*CANDIDATE_FIELDS)[:room]
             )
             if not batch:
-                self.claimer.overflow.advance(target_id, from_id, None)
+                advances.append((target_id, from_id, None))
                 continue
             free = batch[0][3] - gate.held(target_id)
             if free <= 0:
                 continue
             exhausted = len(batch) < room and len(batch) <= free
             batch = batch[:free]
-            self.claimer.overflow.advance(target_id, from_id, None if exhausted else batch[-1][0])
+            advances.append((target_id, from_id, None if exhausted else batch[-1][0]))
             rows.extend(batch)
             room -= len(batch)
-        return rows
+
+        def commit():
+            for advance in advances:
+                self.claimer.overflow.advance(*advance)
+
+        return rows, commit
+
+
+def _nothing():
+    pass

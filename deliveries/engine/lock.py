@@ -87,4 +87,10 @@ def open_raw_connection(using="default"):
     params = connections[using].get_connection_params()
     for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(key, None)
+    # Keepalives notice a silently dropped connection (and so a lost lock) within
+    # about a minute instead of the kernel's two hours.
+    params.setdefault("keepalives", 1)
+    params.setdefault("keepalives_idle", 30)
+    params.setdefault("keepalives_interval", 10)
+    params.setdefault("keepalives_count", 3)
     return psycopg.connect(**params, autocommit=True)

@@ -28,7 +28,15 @@ MAX_TICK_PAGES = 40
 
 
 def recover(
-    *, claimer, dispatch, room, at_start: bool, stale_after: float, batch: int, now=None
+    *,
+    claimer,
+    dispatch,
+    room,
+    at_start: bool,
+    stale_after: float,
+    batch: int,
+    now=None,
+    stopping=lambda: False,
 ) -> int:
     """Claim and dispatch what nobody owns; return how many tasks were dispatched.
 
@@ -44,7 +52,7 @@ def recover(
         queryset, limit, max_pages = Delivery.objects.stale(cutoff), batch, MAX_TICK_PAGES
     dispatched = pages = 0
     last = None
-    while max_pages is None or pages < max_pages:
+    while (max_pages is None or pages < max_pages) and not stopping():
         pages += 1
         capacity = room()
         if at_start and capacity <= 0:

@@ -35,6 +35,9 @@ class Task:
     body_size: int
     received_at: datetime.datetime
     body: bytes | None = field(default=None, repr=False)
+    # (outcome, status, delay, duration_ms) of an attempt whose result could not
+    # be written yet; the next turn writes it instead of attempting again.
+    unwritten: tuple | None = field(default=None, repr=False)
 
     def load_body(self) -> bytes:
         if self.body is not None:

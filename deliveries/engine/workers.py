@@ -4,7 +4,7 @@ import datetime
 import logging
 import time
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -30,6 +30,8 @@ def call_target(task) -> Outcome:
         )
     try:
         return target.deliver(task)
+    except DatabaseError:
+        raise  # the engine's own trouble (reading a body): not the target's failure
     except Exception as exc:  # a bug or a broken config must not kill the worker
         logger.exception("target %s raised on delivery %s", task.target_id, task.delivery_id)
         return Outcome(success=False, error=f"{type(exc).__name__}: {exc}")
@@ -77,28 +79,25 @@ def write_result(task, outcome: Outcome, status, delay, duration_ms) -> bool:
     return True
 
 
-def write_result_retrying(task, outcome, status, delay, duration_ms, *, stop, attempts=5) -> bool:
-    """write_result, retried through a database outage for a while.
+def write_result_retrying(task, outcome, status, delay, duration_ms, tries=3):
+    """write_result through a short database hiccup.
 
-    If it cannot be written at all the delivery stays as it was in the database and
-    is attempted again after recovery: at-least-once, never lost.
+    True: written. False: the delivery no longer exists. None: the database is
+    still failing; the caller keeps the delivery and tries the write later.
     """
-    for n in range(attempts):
+    for n in range(tries):
         try:
             return write_result(task, outcome, status, delay, duration_ms)
         except DatabaseError:
             logger.warning(
-                "writing result of delivery %s failed (try %d)",
+                "writing the result of delivery %s failed (try %d)",
                 task.delivery_id,
                 n + 1,
                 exc_info=True,
             )
-            from django.db import connection
-
             connection.close()
-            if stop.wait(min(30.0, 0.5 * 2**n)) and n >= 1:
-                break
-    return False
+            time.sleep(0.2 * 2**n)
+    return None
 
 
 def log_attempt(task, outcome, status, duration_ms) -> None:

@@ -64,9 +64,11 @@ class Command(BaseCommand):
                 listener = PostgresListener("default", engine.wake_event, engine.stop_event)
             else:
                 listener = SocketListener(socket_path(), engine.wake_event)
-            engine.run(once=options["once"], listener=listener)
+            code = engine.run(once=options["once"], listener=listener, lock=lock)
         finally:
             lock.release()
+        if code:
+            raise CommandError("stopped: the engine lock was lost", returncode=code)
 
     def _install_signals(self, engine):
         def on_signal(signum, frame):

@@ -1,0 +1,126 @@
+"""Figures for the admin index: the engine's heartbeat and the last 24 hours."""
+
+import datetime
+from dataclasses import dataclass
+
+from django.db.models import Count, Q
+from django.db.models.functions import TruncHour
+from django.utils import timezone
+
+from deliveries.models import Delivery, EngineStatus, Target
+
+HOURS = 24
+# A heartbeat older than this means the engine is gone (it beats every 5 s).
+STALE_HEARTBEAT = datetime.timedelta(seconds=30)
+
+
+@dataclass
+class Engine:
+    status: EngineStatus | None
+    age: datetime.timedelta | None
+    uptime: datetime.timedelta | None
+    alive: bool
+
+
+def engine_status(now=None) -> Engine:
+    now = now or timezone.now()
+    status = EngineStatus.objects.filter(name="default").first()
+    if status is None or status.heartbeat_at is None:
+        return Engine(status, None, None, False)
+    age = now - status.heartbeat_at
+    alive = status.stopped_at is None and age <= STALE_HEARTBEAT
+    uptime = now - status.started_at if alive and status.started_at else None
+    return Engine(status, age, uptime, alive)
+
+
+def deliveries_for(user):
+    deliveries = Delivery.objects.all()
+    if not user.is_superuser:
+        deliveries = deliveries.filter(target__webhook__owner=user)
+    return deliveries
+
+
+def status_counts(user, since):
+    rows = (
+        deliveries_for(user).filter(updated_at__gte=since).values("status").annotate(n=Count("id"))
+    )
+    counts = {status: 0 for status in Delivery.Status.values}
+    counts.update({row["status"]: row["n"] for row in rows})
+    return counts
+
+
+def hourly(user, now):
+    """Delivered and failed deliveries per hour, oldest first, as SVG bar geometry."""
+    start = (now - datetime.timedelta(hours=HOURS - 1)).replace(minute=0, second=0, microsecond=0)
+    rows = (
+        deliveries_for(user)
+        .filter(updated_at__gte=start, status__in=["delivered", "failed"])
+        .annotate(hour=TruncHour("updated_at"))
+        .values("hour", "status")
+        .annotate(n=Count("id"))
+    )
+    buckets = {
+        start + datetime.timedelta(hours=h): {"delivered": 0, "failed": 0} for h in range(HOURS)
+    }
+    for row in rows:
+        hour = row["hour"]
+        if hour in buckets:
+            buckets[hour][row["status"]] = row["n"]
+    peak = max([b["delivered"] + b["failed"] for b in buckets.values()] + [1])
+    width, height, gap = 24, 120, 4
+    bars = []
+    for i, (hour, b) in enumerate(sorted(buckets.items())):
+        ok_h = round(height * b["delivered"] / peak)
+        bad_h = round(height * b["failed"] / peak)
+        x = i * (width + gap)
+        bars.append(
+            {
+                "x": x,
+                "hour": hour,
+                "delivered": b["delivered"],
+                "failed": b["failed"],
+                "ok_y": height - ok_h,
+                "ok_h": ok_h,
+                "bad_y": height - ok_h - bad_h,
+                "bad_h": bad_h,
+                "label": i % 3 == 0,
+            }
+        )
+    return {
+        "bars": bars,
+        "peak": peak,
+        "width": HOURS * (width + gap),
+        "height": height,
+        "bar_width": width,
+    }
+
+
+def failing_targets(user, since, limit=5):
+    """The targets with the most failed (24 h) and retrying deliveries."""
+    rows = list(
+        deliveries_for(user)
+        .filter(Q(status="failed", updated_at__gte=since) | Q(status="retrying"))
+        .values("target")
+        .annotate(
+            failed=Count("id", filter=Q(status="failed")),
+            retrying=Count("id", filter=Q(status="retrying")),
+        )
+        .order_by("-failed", "-retrying")[:limit]
+    )
+    targets = Target.objects.select_related("webhook").in_bulk([r["target"] for r in rows])
+    return [
+        {"target": targets[r["target"]], "failed": r["failed"], "retrying": r["retrying"]}
+        for r in rows
+        if r["target"] in targets
+    ]
+
+
+def context(user, now=None):
+    now = now or timezone.now()
+    since = now - datetime.timedelta(hours=HOURS)
+    return {
+        "engine": engine_status(now),
+        "status_counts": status_counts(user, since),
+        "chart": hourly(user, now),
+        "failing_targets": failing_targets(user, since),
+    }

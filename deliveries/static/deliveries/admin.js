@@ -1,0 +1,29 @@
+"use strict";
+// Copy buttons beside inbound URLs, and per-type target fields.
+document.addEventListener("click", (event) => {
+  const button = event.target.closest(".wh-copy");
+  if (!button) return;
+  navigator.clipboard.writeText(button.dataset.copy).then(() => {
+    button.textContent = "Copied";
+    setTimeout(() => { button.textContent = "Copy"; }, 1500);
+  });
+});
+
+function showTypeFields(select) {
+  const form = select.closest(".inline-related");
+  if (!form) return;
+  for (const type of ["http", "slack"]) {
+    const box = form.querySelector(".wh-type-" + type);
+    if (box) box.style.display = select.value === type ? "" : "none";
+  }
+}
+
+document.addEventListener("change", (event) => {
+  if (event.target.matches("select[data-target-type]")) showTypeFields(event.target);
+});
+document.addEventListener("DOMContentLoaded", () => {
+  document.querySelectorAll("select[data-target-type]").forEach(showTypeFields);
+});
+document.addEventListener("formset:added", (event) => {
+  event.target.querySelectorAll("select[data-target-type]").forEach(showTypeFields);
+});
