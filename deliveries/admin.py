@@ -174,6 +174,14 @@ class WebhookAdmin(OwnedAdmin):
             fields.append("owner")
         return fields
 
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        if "owner" in form.base_fields:
+            owner = form.base_fields["owner"]
+            owner.required = False
+            owner.help_text = "Who sees and manages this webhook (empty: you)."
+        return form
+
     def get_queryset(self, request):
         since = timezone.now() - datetime.timedelta(hours=24)
 
@@ -198,7 +206,7 @@ class WebhookAdmin(OwnedAdmin):
         )
 
     def save_model(self, request, obj, form, change):
-        if not change and not (request.user.is_superuser and obj.owner_id):
+        if not obj.owner_id:  # new (the owner field is a superuser's only)
             obj.owner = request.user
         super().save_model(request, obj, form, change)
 

@@ -183,6 +183,7 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
+FORMAT_MODULE_PATH = ["webhooker.formats"]
 
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
