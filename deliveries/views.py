@@ -3,7 +3,7 @@ from django.http import HttpResponseNotAllowed, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 
-from deliveries import ingest
+from deliveries import ingest, metrics
 from deliveries.models import Entrypoint
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
 
@@ -16,7 +16,12 @@ def receive(request, code):
     """POST /webhook/<code>: store the event and its deliveries, then answer."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
-    entrypoint = get_object_or_404(Entrypoint.objects.only("id", "webhook_id", "active"), code=code)
+    entrypoint = get_object_or_404(
+        Entrypoint.objects.select_related("webhook").only(
+            "id", "webhook_id", "active", "webhook__code"
+        ),
+        code=code,
+    )
     if not entrypoint.active:
         return JsonResponse({"error": "this entrypoint is inactive"}, status=410)
     try:
@@ -32,9 +37,10 @@ def receive(request, code):
         method=request.method,
         headers=request_headers(request.META),
         body=body,
-        content_type=request.META.get("CONTENT_TYPE", ""),
+        content_type=_clean(request.META.get("CONTENT_TYPE", ""))[:255],
         remote_addr=request.META.get("REMOTE_ADDR"),
     )
+    metrics.event_received(entrypoint.webhook.code, len(body))
     return JsonResponse({"event": str(stored.event.code), "deliveries": stored.deliveries})
 
 
@@ -48,5 +54,11 @@ def request_headers(environ) -> list[list[str]]:
             name = key
         else:
             continue
-        headers.append(["-".join(part.capitalize() for part in name.split("_")), value])
+        headers.append([_clean("-".join(p.capitalize() for p in name.split("_"))), _clean(value)])
     return headers
+
+
+def _clean(text: str) -> str:
+    # A NUL cannot be stored in PostgreSQL text or jsonb. Real servers refuse it in
+    # headers already; anything that slips through is kept visibly, as U+FFFD.
+    return text.replace("\x00", "\ufffd")

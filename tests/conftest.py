@@ -1,8 +1,42 @@
+import socket
+
 import pytest
 from django.contrib.auth import get_user_model
 
+from deliveries import ssrf
 from deliveries.models import Target, Webhook
 from tests.sink import Sink
+
+# Names the tests use, resolved without a network (this machine has none).
+FAKE_DNS = {
+    "example.com": ["93.184.215.14"],
+    "hooks.example.com": ["93.184.215.14"],
+    "hooks.slack.com": ["3.33.152.147"],
+}
+
+
+@pytest.fixture(autouse=True)
+def dns(monkeypatch):
+    """A resolver tests can program: name -> addresses (others resolve for real)."""
+    table = dict(FAKE_DNS)
+    real = ssrf.resolve
+
+    def resolve(host, port):
+        if host in table:
+            answer = table[host]
+            return answer() if callable(answer) else list(answer)
+        if host.endswith(".test"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, port)
+
+    monkeypatch.setattr(ssrf, "resolve", resolve)
+    return table
+
+
+@pytest.fixture(autouse=True)
+def allow_loopback_targets(settings):
+    """The test receivers listen on 127.0.0.1, which is refused by default."""
+    settings.WEBHOOKER_ALLOWED_TARGET_NETWORKS = ["127.0.0.0/8"]
 
 
 @pytest.fixture

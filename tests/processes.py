@@ -47,6 +47,7 @@ def process_env(data_dir, **extra) -> dict:
         DATABASE_URL=database_url(),
         DJANGO_SETTINGS_MODULE="webhooker.settings",
         PYTHONUNBUFFERED="1",
+        WEBHOOKER_ALLOWED_TARGET_NETWORKS="127.0.0.0/8",
     )
     env.update({k: str(v) for k, v in extra.items()})
     return env

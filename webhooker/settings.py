@@ -5,6 +5,8 @@ set. Bad values fail at start with ImproperlyConfigured naming the variable, nev
 later with a traceback from somewhere deep.
 """
 
+import datetime
+import ipaddress
 import os
 import secrets
 import tempfile
@@ -46,6 +48,18 @@ def _list(name):
     return [item.strip() for item in env.str(name, default="").split(",") if item.strip()]
 
 
+def _networks(name):
+    values = _list(name)
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {value!r} is not an IP address or network (CIDR)"
+            ) from None
+    return values
+
+
 def _secret_key(data_dir):
     """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key.
 
@@ -84,6 +98,13 @@ except OSError as exc:
     raise ImproperlyConfigured(f"DATA_DIR={str(DATA_DIR)!r} cannot be created: {exc}") from None
 
 SECRET_KEY = _secret_key(DATA_DIR)
+
+# Prometheus counters are shared by gunicorn's workers and the engine through
+# files here (prometheus-client's multiprocess mode). It must be set before
+# prometheus_client is first imported, which happens only after settings load.
+METRICS_DIR = DATA_DIR / "metrics"
+METRICS_DIR.mkdir(exist_ok=True)
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(METRICS_DIR))
 if PRODUCTION and (len(SECRET_KEY) < 50 or SECRET_KEY.startswith("django-insecure")):
     raise ImproperlyConfigured("SECRET_KEY must be at least 50 random characters in prod")
 
@@ -100,10 +121,14 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "deliveries",
 ]
 
 MIDDLEWARE = [
+    # First, so everything after it (login throttling, the stored source address)
+    # sees the client's address rather than the proxy's.
+    "deliveries.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's static files from gunicorn itself: no second server needed.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -113,7 +138,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes requires: it answers 429 to a throttled login.
+    "axes.middleware.AxesMiddleware",
 ]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
+# --- Login throttling (django-axes) ----------------------------------------------
+# At most 5 failed logins per client address per minute; the 6th gets 429 until
+# the minute since the last failure has passed.
+AXES_FAILURE_LIMIT = 5
+AXES_COOLOFF_TIME = datetime.timedelta(minutes=1)
+AXES_LOCKOUT_PARAMETERS = ["ip_address"]
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_RESET_ON_SUCCESS = True
+AXES_CLIENT_IP_CALLABLE = "deliveries.middleware.client_ip"
+AXES_LOCKOUT_CALLABLE = "deliveries.middleware.login_throttled"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "webhooker.urls"
 WSGI_APPLICATION = "webhooker.wsgi.application"
@@ -170,6 +214,24 @@ else:
 DATABASES["default"]["CONN_MAX_AGE"] = _number("CONN_MAX_AGE", 60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
+# --- Production hardening ---------------------------------------------------------
+if PRODUCTION:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = _number("SECURE_HSTS_SECONDS", 31_536_000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+    # Off when a proxy in front terminates TLS and redirects itself.
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+SECURE_REFERRER_POLICY = "same-origin"
+# Opt-in: trust X-Forwarded-Proto: https only when a proxy you run sets it.
+if env.bool("WEBHOOKER_SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -194,8 +256,8 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 # --- Inbound --------------------------------------------------------------------
 WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1)
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
-WEBHOOKER_ALLOWED_TARGET_NETWORKS = _list("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
-WEBHOOKER_TRUSTED_PROXIES = _list("WEBHOOKER_TRUSTED_PROXIES")
+WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
+WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
 METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
 METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 

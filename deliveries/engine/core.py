@@ -14,6 +14,7 @@ from django.db.models import Max, Min
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
+from deliveries import metrics
 from deliveries.engine import heartbeat
 from deliveries.engine.breaker import Breakers, CircuitBreaker
 from deliveries.engine.channel import Channel
@@ -25,6 +26,7 @@ from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
 from deliveries.engine.workers import decide, log_attempt, timed_call, write_result_retrying
 from deliveries.models import Delivery
+from deliveries.retention import prune_events
 from deliveries.targets import TARGET_TYPES
 
 logger = logging.getLogger("deliveries.engine")
@@ -40,6 +42,9 @@ class Engine:
     # Graceful stop waits this long for running attempts: the longest per-target
     # timeout a config may set, plus a margin.
     DRAIN_TIMEOUT = 310.0
+    # Retention runs a minute after start, then daily.
+    PRUNE_FIRST = 60.0
+    PRUNE_INTERVAL = 24 * 3600.0
 
     def __init__(
         self,
@@ -194,6 +199,7 @@ class Engine:
             task, outcome, retries=retries, base=self.backoff_base, cap=self.backoff_cap
         )
         log_attempt(task, outcome, status, duration_ms)
+        metrics.attempt_made(task.target_type, status, duration_ms)
         self._finish(task, outcome, status, delay, duration_ms)
 
     def _finish(self, task, outcome, status, delay, duration_ms) -> None:
@@ -255,6 +261,8 @@ class Engine:
             self._spawn("intake", self._intake_loop)
             self._spawn("recovery", self._recovery_loop)
         self._spawn("heartbeat", self._heartbeat_loop)
+        if not once:
+            self._spawn("housekeeping", self._housekeeping_loop)
         if listener is not None:
             listener.start()
         try:
@@ -287,6 +295,7 @@ class Engine:
             self.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
         self._join("heartbeat", timeout)
+        self._join("housekeeping", timeout)
         try:
             connection.close_if_unusable_or_obsolete()
             heartbeat.beat(self, stopped=True)
@@ -364,6 +373,20 @@ class Engine:
                 return
             connection.close_if_unusable_or_obsolete()
             self._guarded(lambda: heartbeat.beat(self), "heartbeat")
+
+    def _housekeeping_loop(self):
+        wait = self.PRUNE_FIRST
+        while not self.stop_event.wait(wait):
+            wait = self.PRUNE_INTERVAL
+            connection.close_if_unusable_or_obsolete()
+            removed = self._guarded(prune_events, "retention")
+            if removed:
+                logger.info(
+                    "retention: pruned %d events, %d deliveries, %d results",
+                    removed["events"],
+                    removed["deliveries"],
+                    removed["results"],
+                )
 
     def _wait_idle(self):
         """For --once: intake from this thread until a pass finds nothing to do."""

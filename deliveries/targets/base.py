@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, ClassVar
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
+from deliveries import ssrf
+
 if TYPE_CHECKING:
     from deliveries.engine.task import Task
 
@@ -58,6 +60,10 @@ def require_url(config: dict, key: str) -> str:
         raise ValidationError(
             f"'{key}' must be an absolute http:// or https:// URL, not {value[:200]!r}."
         ) from None
+    try:
+        ssrf.check_url(value)
+    except ValueError as exc:
+        raise ValidationError(f"'{key}': {exc}.") from None
     return value
 
 

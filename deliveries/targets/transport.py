@@ -13,6 +13,7 @@ from django.conf import settings
 
 from deliveries.models import DeliveryResult
 from deliveries.targets.base import Outcome
+from deliveries.targets.guard import GuardedAdapter, blocked_reason
 
 _local = threading.local()
 
@@ -27,6 +28,9 @@ def session() -> requests.Session:
         # deliveries: targets are exactly the configured URLs.
         s.trust_env = False
         s.headers["User-Agent"] = USER_AGENT
+        adapter = GuardedAdapter()
+        s.mount("http://", adapter)
+        s.mount("https://", adapter)
         _local.session = s
     return s
 
@@ -59,6 +63,9 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
             stream=True,
         )
     except requests.RequestException as exc:
+        reason = blocked_reason(exc)
+        if reason:
+            return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
         return Outcome(success=False, error=_describe(exc))
     try:
         limit = DeliveryResult.RESPONSE_BODY_LIMIT

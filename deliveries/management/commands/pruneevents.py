@@ -1,0 +1,22 @@
+from django.core.management.base import BaseCommand
+
+from deliveries.retention import BATCH, prune_events
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete events older than their webhook's retention_days, with their deliveries "
+        "and results, in small batches. Events still being delivered are kept."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--batch", type=int, default=BATCH, help="events per transaction (default: %(default)r)"
+        )
+
+    def handle(self, *args, **options):
+        removed = prune_events(batch=max(1, options["batch"]))
+        self.stdout.write(
+            f"Pruned {removed['events']} events, {removed['deliveries']} deliveries and "
+            f"{removed['results']} attempt results."
+        )

@@ -1,0 +1,82 @@
+"""Prometheus metrics (GET /metrics).
+
+Counters and histograms are written by whichever process counts them: gunicorn
+workers count events, the engine counts attempts. prometheus-client's multiprocess
+mode keeps them in files under PROMETHEUS_MULTIPROC_DIR (DATA_DIR/metrics), and a
+scrape adds every process's files up, so the numbers are right however many
+workers serve the scrape. The engine's gauges come from its heartbeat row.
+"""
+
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily
+
+EVENTS = Counter("webhooker_events_received_total", "Events received and stored.", ["webhook"])
+EVENT_BYTES = Histogram(
+    "webhooker_event_body_bytes",
+    "Size of received event bodies in bytes.",
+    ["webhook"],
+    buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 10485760),
+)
+ATTEMPTS = Counter(
+    "webhooker_delivery_attempts_total",
+    "Delivery attempts by target type and the delivery's status after the attempt "
+    "(delivered, retrying, failed).",
+    ["target_type", "outcome"],
+)
+ATTEMPT_SECONDS = Histogram(
+    "webhooker_delivery_attempt_duration_seconds",
+    "Duration of delivery attempts.",
+    ["target_type"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+def event_received(webhook_code, size: int) -> None:
+    EVENTS.labels(webhook=str(webhook_code)).inc()
+    EVENT_BYTES.labels(webhook=str(webhook_code)).observe(size)
+
+
+def attempt_made(target_type: str, outcome: str, duration_ms: int) -> None:
+    ATTEMPTS.labels(target_type=target_type, outcome=outcome).inc()
+    ATTEMPT_SECONDS.labels(target_type=target_type).observe(duration_ms / 1000)
+
+
+class EngineCollector:
+    """The engine's gauges, read from its heartbeat at scrape time."""
+
+    def collect(self):
+        from deliveries.models import EngineStatus
+
+        status = EngineStatus.objects.filter(name="default").first()
+        running = GaugeMetricFamily(
+            "webhooker_engine_up", "1 while the engine's heartbeat is fresh."
+        )
+        from deliveries.dashboard import engine_status
+
+        engine = engine_status()
+        running.add_metric([], 1 if engine.alive else 0)
+        yield running
+        if status is None or status.heartbeat_at is None:
+            return
+        age = GaugeMetricFamily(
+            "webhooker_engine_heartbeat_age_seconds", "Seconds since the last heartbeat."
+        )
+        age.add_metric([], (timezone.now() - status.heartbeat_at).total_seconds())
+        yield age
+        for name, value, doc in (
+            ("channel_depth", status.channel_depth, "Tasks waiting in the channel."),
+            ("inflight", status.inflight, "Deliveries the engine owns."),
+            ("busy_workers", status.busy_workers, "Workers attempting a delivery."),
+            ("open_breakers", status.open_breakers, "Targets whose circuit breaker is open."),
+        ):
+            gauge = GaugeMetricFamily(f"webhooker_engine_{name}", doc)
+            gauge.add_metric([], value if engine.alive else 0)
+            yield gauge
+
+
+def render() -> bytes:
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(EngineCollector())
+    return generate_latest(registry)

@@ -1,0 +1,89 @@
+"""The SSRF guard inside the HTTP transport (see deliveries/ssrf.py).
+
+urllib3 normally resolves a host and connects to whatever comes back. These
+connection classes resolve once, refuse the connection if any address is refused,
+and connect to the vetted address itself, so no second resolution happens between
+check and connect: a DNS answer that changes (rebinding) meets the same check.
+"""
+
+import socket
+
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.util import connection
+
+from deliveries import ssrf
+
+
+class _Guarded:
+    def _new_conn(self) -> socket.socket:
+        try:
+            addresses = ssrf.resolve(self._dns_host, self.port)
+        except socket.gaierror as exc:
+            raise NameResolutionError(self.host, self, exc) from exc
+        for address in addresses:
+            reason = ssrf.refusal(address)
+            if reason:
+                blocked = ssrf.BlockedAddress(f"{self.host} resolves to {reason}")
+                raise NewConnectionError(self, f"refused: {blocked}") from blocked
+        error = None
+        for address in addresses:
+            try:
+                return connection.create_connection(
+                    (address, self.port),
+                    self.timeout,
+                    source_address=self.source_address,
+                    socket_options=self.socket_options,
+                )
+            except TimeoutError as exc:
+                error = ConnectTimeoutError(
+                    self, f"Connection to {self.host} timed out (timeout={self.timeout})"
+                )
+                error.__cause__ = exc
+            except OSError as exc:
+                error = NewConnectionError(self, f"Failed to establish a connection: {exc}")
+                error.__cause__ = exc
+        raise error or NewConnectionError(self, f"{self.host} has no address")
+
+
+class GuardedHTTPConnection(_Guarded, HTTPConnection):
+    pass
+
+
+class GuardedHTTPSConnection(_Guarded, HTTPSConnection):
+    pass
+
+
+class GuardedHTTPConnectionPool(HTTPConnectionPool):
+    ConnectionCls = GuardedHTTPConnection
+
+
+class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+    ConnectionCls = GuardedHTTPSConnection
+
+
+class GuardedAdapter(HTTPAdapter):
+    def init_poolmanager(self, *args, **kwargs):
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {
+            "http": GuardedHTTPConnectionPool,
+            "https": GuardedHTTPSConnectionPool,
+        }
+
+
+def blocked_reason(exc: BaseException) -> str | None:
+    """The guard's refusal behind a requests exception, if that is what it was."""
+    seen = set()
+    stack = [exc]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssrf.BlockedAddress):
+            return str(current)
+        stack.extend([current.__cause__, current.__context__, getattr(current, "reason", None)])
+        stack.extend(arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException))
+    return None
