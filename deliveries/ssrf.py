@@ -71,9 +71,9 @@ def refusal(address: str) -> str | None:
         for network in allowed_networks():
             if network.version == 4 and embedded in network:
                 return None
+        # The IPv4 address inside decides: that is where the packets go.
         reason = refusal(str(embedded))
-        if reason:
-            return f"{reason} (inside {ip})"
+        return f"{reason} (inside {ip})" if reason else None
     if ip.is_loopback:
         return f"{ip} is a loopback address"
     if ip.is_link_local:

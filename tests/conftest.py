@@ -37,6 +37,8 @@ def dns(monkeypatch):
 def allow_loopback_targets(settings):
     """The test receivers listen on 127.0.0.1, which is refused by default."""
     settings.WEBHOOKER_ALLOWED_TARGET_NETWORKS = ["127.0.0.0/8"]
+    # Logins in tests need not cost half a second of PBKDF2 each.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

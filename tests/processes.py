@@ -42,6 +42,8 @@ def free_port() -> int:
 
 def process_env(data_dir, **extra) -> dict:
     env = dict(os.environ)
+    # Each test's processes count into their own DATA_DIR/metrics.
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.update(
         DATA_DIR=str(data_dir),
         DATABASE_URL=database_url(),

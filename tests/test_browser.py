@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from django.conf import global_settings
 from django.contrib.auth.models import User
 
 from deliveries.models import Delivery, Webhook
@@ -46,7 +47,9 @@ def browser(monkeypatch):
         browser.close()
 
 
-def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data_dir):
+def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data_dir, settings):
+    # The gunicorn process checks the password with the real hashers.
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
     User.objects.create_superuser("admin", password="browser-pw-123!")
     env = {"DELIVERY_POLL_INTERVAL": "0.2"}
     web, base = start_web(data_dir, workers=1, **env)

@@ -149,8 +149,9 @@ AUTHENTICATION_BACKENDS = [
 
 # --- Login throttling (django-axes) ----------------------------------------------
 # At most 5 failed logins per client address per minute; the 6th gets 429 until
-# the minute since the last failure has passed.
-AXES_FAILURE_LIMIT = 5
+# the minute since the last failure has passed. (Axes answers 429 already to the
+# failure that reaches its limit, hence 6.)
+AXES_FAILURE_LIMIT = 6
 AXES_COOLOFF_TIME = datetime.timedelta(minutes=1)
 AXES_LOCKOUT_PARAMETERS = ["ip_address"]
 AXES_HTTP_RESPONSE_CODE = 429
@@ -220,7 +221,9 @@ if PRODUCTION:
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = _number("SECURE_HSTS_SECONDS", 31_536_000)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
-    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+    # The directive only permits submitting the domain to browsers' preload list;
+    # nothing is submitted unless the operator does it.
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
     # Off when a proxy in front terminates TLS and redirects itself.
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
 SESSION_COOKIE_HTTPONLY = True

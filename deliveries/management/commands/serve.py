@@ -1,3 +1,4 @@
+import glob
 import os
 import signal
 import subprocess
@@ -27,6 +28,12 @@ class Command(BaseCommand):
             ],
             "rundelivery": [sys.executable, str(base / "manage.py"), "rundelivery"],
         }
+        # Counters start from zero with the processes that count them: files left by
+        # an earlier run's processes would add their totals to this run's forever.
+        metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if metrics_dir:
+            for stale in glob.glob(os.path.join(metrics_dir, "*.db")):
+                os.unlink(stale)
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())

@@ -1,0 +1,84 @@
+"""Prometheus metrics: right across gunicorn workers and the engine process."""
+
+import re
+
+import pytest
+import requests
+
+from deliveries.models import Delivery
+from tests.processes import start_engine, start_web, wait_until
+from tests.test_e2e import post_events
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AUTH = ("prometheus", "scrape-secret")
+ENV = {"METRICS_USERNAME": AUTH[0], "METRICS_PASSWORD": AUTH[1], "DELIVERY_POLL_INTERVAL": "0.2"}
+
+
+def value(text, name, **labels):
+    selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pattern = (
+        rf"^{re.escape(name)}\{{{re.escape(selector)}\}} (\S+)$"
+        if labels
+        else rf"^{re.escape(name)} (\S+)$"
+    )
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else None
+
+
+@pytest.mark.e2e
+def test_counts_match_what_was_sent_across_workers_and_engine(
+    entrypoint, make_target, sink, data_dir
+):
+    make_target(url=sink.url("/a"), name="a")
+    make_target(url=sink.url("/fail"), name="fail")
+    sink.always("/fail", 500)
+    web, base = start_web(data_dir, workers=3, **ENV)
+    engine = start_engine(data_dir, **ENV)
+    try:
+        post_events(base, entrypoint, 40)
+        wait_until(
+            lambda: not Delivery.objects.unfinished().exists(),
+            timeout=60,
+            message="deliveries to finish",
+        )
+        code = str(entrypoint.webhook.code)
+        # Several scrapes, served by whichever worker: each sees the whole count.
+        for _ in range(6):
+            text = requests.get(f"{base}/metrics", auth=AUTH, timeout=10).text
+            assert value(text, "webhooker_events_received_total", webhook=code) == 40
+            assert value(text, "webhooker_event_body_bytes_count", webhook=code) == 40
+            assert (
+                value(
+                    text,
+                    "webhooker_delivery_attempts_total",
+                    target_type="http",
+                    outcome="delivered",
+                )
+                == 40
+            )
+            assert (
+                value(
+                    text, "webhooker_delivery_attempts_total", target_type="http", outcome="failed"
+                )
+                == 40
+            )
+            assert (
+                value(text, "webhooker_delivery_attempt_duration_seconds_count", target_type="http")
+                == 80
+            )
+            assert value(text, "webhooker_engine_up") == 1
+            assert value(text, "webhooker_engine_channel_depth") is not None
+        assert requests.get(f"{base}/metrics", timeout=10).status_code == 401
+        assert (
+            requests.get(f"{base}/metrics", auth=("prometheus", "wrong"), timeout=10).status_code
+            == 401
+        )
+    finally:
+        engine.stop()
+        web.stop()
+
+
+def test_metrics_are_off_without_credentials(client, settings):
+    settings.METRICS_USERNAME = settings.METRICS_PASSWORD = ""
+    assert client.get("/metrics").status_code == 404
