@@ -1,10 +1,8 @@
 from django.conf import settings
-from django.http import HttpResponseNotAllowed, JsonResponse
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from deliveries import ingest, metrics
-from deliveries.models import Entrypoint
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
 
 # Set by the server, never sent by the client: these describe the request.
@@ -16,12 +14,9 @@ def receive(request, code):
     """POST /webhook/<code>: store the event and its deliveries, then answer."""
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
-    entrypoint = get_object_or_404(
-        Entrypoint.objects.select_related("webhook").only(
-            "id", "webhook_id", "active", "webhook__code"
-        ),
-        code=code,
-    )
+    entrypoint = ingest.find_entrypoint(code)
+    if entrypoint is None:
+        raise Http404("No such entrypoint.")
     if not entrypoint.active:
         return JsonResponse({"error": "this entrypoint is inactive"}, status=410)
     try:
@@ -40,8 +35,8 @@ def receive(request, code):
         content_type=_clean(request.META.get("CONTENT_TYPE", ""))[:255],
         remote_addr=request.META.get("REMOTE_ADDR"),
     )
-    metrics.event_received(entrypoint.webhook.code, len(body))
-    return JsonResponse({"event": str(stored.event.code), "deliveries": stored.deliveries})
+    metrics.event_received(entrypoint.webhook_code, len(body))
+    return JsonResponse({"event": str(stored.code), "deliveries": stored.deliveries})
 
 
 def request_headers(environ) -> list[list[str]]:

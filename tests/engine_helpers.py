@@ -2,10 +2,11 @@ import time
 
 from deliveries import ingest
 from deliveries.engine.core import Engine
+from deliveries.models import Event
 
 
 def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="application/json"):
-    return [
+    stored = [
         ingest.store_event(
             entrypoint,
             method="POST",
@@ -13,9 +14,11 @@ def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="app
             body=body,
             content_type=content_type,
             remote_addr="127.0.0.1",
-        ).event
+        ).event_id
         for _ in range(n)
     ]
+    events = Event.objects.in_bulk(stored)
+    return [events[i] for i in stored]
 
 
 def make_engine(**options):

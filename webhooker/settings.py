@@ -187,6 +187,8 @@ except (ValueError, KeyError) as exc:
 
 _engine = DATABASES["default"].get("ENGINE")
 if _engine == "django.db.backends.sqlite3":
+    # Django's backend plus a file lock that queues writers (webhooker/sqlite).
+    DATABASES["default"]["ENGINE"] = "webhooker.sqlite"
     DATABASES["default"]["OPTIONS"] = {
         # IMMEDIATE takes the write lock at BEGIN, so a transaction never has to
         # upgrade a read lock to a write lock mid-way: that upgrade is what makes
@@ -261,6 +263,8 @@ WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024,
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
 WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
 WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
+# Routes the benchmarks compare against (bench/views.py); never on in production.
+WEBHOOKER_BENCHMARK = env.bool("WEBHOOKER_BENCHMARK", default=False) and not PRODUCTION
 METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
 METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 

@@ -24,7 +24,8 @@ from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
-from deliveries.engine.workers import decide, log_attempt, timed_call, write_result_retrying
+from deliveries.engine.workers import decide, log_attempt, timed_call
+from deliveries.engine.writer import ResultWriter
 from deliveries.models import Delivery
 from deliveries.retention import prune_events
 from deliveries.targets import TARGET_TYPES
@@ -81,6 +82,7 @@ class Engine:
         self.claimer = Claimer(inflight=self.inflight, gate=self.gate, overflow=self.overflow)
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
         self.breakers = Breakers(clock=clock, cooldown=breaker_cooldown)
+        self.writer = ResultWriter(on_written=self._written)
         self.intake = Intake(
             claimer=self.claimer, channel=self.channel, dispatch=self.dispatch, clock=clock
         )
@@ -203,9 +205,23 @@ class Engine:
         self._finish(task, outcome, status, delay, duration_ms)
 
     def _finish(self, task, outcome, status, delay, duration_ms) -> None:
-        """Record the attempt, then schedule the retry or let the delivery go."""
-        written = write_result_retrying(task, outcome, status, delay, duration_ms)
+        """Hand the attempt's result to the writer, with the task's reference.
+
+        With the writer's thread running (run()), the worker moves on at once;
+        when steps are driven directly (tests), the result is written here.
+        """
+        item = (task, outcome, status, delay, duration_ms)
+        if self.writer.running:
+            self.writer.submit(item)
+        else:
+            self.writer.write([item])
+
+    def _written(self, item, written) -> None:
+        """After the commit: schedule the retry or let the delivery go."""
+        task, outcome, status, delay, duration_ms = item
         if written is None:
+            # Not committed: keep the delivery and write the result later, so the
+            # attempt itself is never sent twice.
             task.unwritten = (outcome, status, delay, duration_ms)
             self._schedule(task, self.clock() + self.WRITE_RETRY)
             return
@@ -240,6 +256,7 @@ class Engine:
         return (
             self.channel.depth() == 0
             and self.busy_workers() == 0
+            and self.writer.pending() == 0
             and self.inflight.held() == self.scheduler.pending()
         )
 
@@ -255,6 +272,9 @@ class Engine:
         heartbeat.beat(self, starting=True)
         self.recover_once(at_start=True)
         self._spawn("scheduler", self.scheduler.run)
+        self._writer_stop = threading.Event()
+        self.writer.running = True  # before any worker can finish an attempt
+        self._spawn("writer", lambda: self.writer.run(self._writer_stop))
         for n in range(self.workers):
             self._spawn(f"worker-{n}", self._work)
         if not once:
@@ -291,6 +311,10 @@ class Engine:
         for task in self.scheduler.stop():
             self.release(task)  # stays `retrying` with its next_attempt_at
         self._join("workers", timeout)
+        # Every running attempt has handed its result over: write them all.
+        if hasattr(self, "_writer_stop"):
+            self._writer_stop.set()
+            self._join("writer", timeout)
         for task in self.channel.drain() + self.gate.drain_parked():
             self.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)

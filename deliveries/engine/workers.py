@@ -1,15 +1,12 @@
 """What a worker does with one task: the only code that calls a target."""
 
-import datetime
 import logging
 import time
 
-from django.db import connection, transaction
 from django.db.utils import DatabaseError
-from django.utils import timezone
 
 from deliveries.engine.backoff import retry_delay
-from deliveries.models import Delivery, DeliveryResult
+from deliveries.models import Delivery
 from deliveries.targets import TARGET_TYPES, Outcome
 
 logger = logging.getLogger("deliveries.engine")
@@ -45,59 +42,6 @@ def decide(task, outcome: Outcome, *, retries: bool, base: float, cap: float):
     if not retries or outcome.permanent or attempt > task.max_retries:
         return Delivery.Status.FAILED, None
     return Delivery.Status.RETRYING, retry_delay(attempt, outcome.retry_after, base=base, cap=cap)
-
-
-def write_result(task, outcome: Outcome, status, delay, duration_ms) -> bool:
-    """Commit the attempt's result and the delivery's new status together.
-
-    The status is written with filter().update(), so columns other processes may
-    change (the admin) are left alone. False if the delivery no longer exists
-    (its webhook was deleted meanwhile): there is nothing left to record.
-    """
-    now = timezone.now()
-    next_attempt_at = now + datetime.timedelta(seconds=delay) if delay is not None else None
-    # Short and free of I/O: the HTTP call happened before this transaction began.
-    with transaction.atomic():
-        updated = Delivery.objects.filter(id=task.delivery_id).update(
-            status=status,
-            attempts=task.attempts + 1,
-            next_attempt_at=next_attempt_at,
-            updated_at=now,
-        )
-        if not updated:
-            return False
-        DeliveryResult.objects.create(
-            delivery_id=task.delivery_id,
-            attempt=task.attempts + 1,
-            success=outcome.success,
-            status_code=outcome.status_code,
-            response_body=outcome.response_body[: DeliveryResult.RESPONSE_BODY_LIMIT],
-            error=outcome.error[:2000],
-            duration_ms=duration_ms,
-            created_at=now,
-        )
-    return True
-
-
-def write_result_retrying(task, outcome, status, delay, duration_ms, tries=3):
-    """write_result through a short database hiccup.
-
-    True: written. False: the delivery no longer exists. None: the database is
-    still failing; the caller keeps the delivery and tries the write later.
-    """
-    for n in range(tries):
-        try:
-            return write_result(task, outcome, status, delay, duration_ms)
-        except DatabaseError:
-            logger.warning(
-                "writing the result of delivery %s failed (try %d)",
-                task.delivery_id,
-                n + 1,
-                exc_info=True,
-            )
-            connection.close()
-            time.sleep(0.2 * 2**n)
-    return None
 
 
 def log_attempt(task, outcome, status, duration_ms) -> None:

@@ -1,0 +1,525 @@
+"""Every benchmark figure for one database, each beside its baseline from the same run.
+
+Run by bench/run.py once per database (DATABASE_URL picks it); prints name=value
+lines. Everything runs on loopback: nginx as the sink, gunicorn as `make run`
+configures it, rundelivery, a Celery worker on the local Redis.
+"""
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
+BODY = json.dumps(
+    {"id": "evt_" + "0" * 20, "type": "invoice.paid", "data": {"blob": "x" * 940}}
+).encode()[:1024]
+BODY = BODY if len(BODY) == 1024 else BODY + b" " * (1024 - len(BODY))
+
+
+def log(message):
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate, timeout, message):
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {message}")
+        time.sleep(0.05)
+    return value
+
+
+def percentile(values, p):
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+class Proc:
+    def __init__(self, name, argv, data_dir, env=None):
+        self.log_path = data_dir / f"{name}.log"
+        self.log_file = open(self.log_path, "ab")  # noqa: SIM115
+        self.popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.log_file.close()
+
+
+class Nginx:
+    """The sink: answers 200 at once, logs the receipt time of every event."""
+
+    def __init__(self, data_dir):
+        self.dir = data_dir / "nginx"
+        self.dir.mkdir()
+        self.port = free_port()
+        self.log = self.dir / "received.log"
+        temp = " ".join(
+            f"{k}_temp_path {self.dir}/{k};"
+            for k in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+        )
+        (self.dir / "nginx.conf").write_text(f"""
+worker_processes 1; daemon off; pid {self.dir}/nginx.pid; error_log {self.dir}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+  {temp}
+  log_format recv '$msec $http_x_webhooker_event';
+  server {{
+    listen 127.0.0.1:{self.port} backlog=4096; client_max_body_size 20m;
+    keepalive_requests 1000000; keepalive_timeout 120s;
+    location / {{ access_log {self.log} recv buffer=256k flush=200ms; return 200 "ok"; }}
+  }}
+}}""")
+
+    def start(self):
+        self.proc = Proc(
+            "nginx", ["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)], self.dir
+        )
+        wait_until(lambda: _connectable(self.port), 10, "nginx")
+        return self
+
+    def url(self, path="/hook"):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def receipts(self):
+        """event code -> first receipt time (seconds since the epoch)."""
+        seen = {}
+        if self.log.exists():
+            for line in self.log.read_text().splitlines():
+                stamp, _, code = line.partition(" ")
+                if code and code != "-":
+                    seen.setdefault(code, float(stamp))
+        return seen
+
+    def stop(self):
+        self.proc.stop(signal.SIGQUIT)
+
+
+def _connectable(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+class Blackhole:
+    """Accepts connections and never answers: deliveries to it stay in the engine."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for conn in self.conns:
+            conn.close()
+
+
+def start_web(data_dir):
+    port = free_port()
+    web = Proc(
+        "gunicorn",
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            str(ROOT / "webhooker" / "gunicorn.conf.py"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--access-logfile",
+            "/dev/null",
+            "webhooker.wsgi",
+        ],
+        data_dir,
+    )
+    wait_until(lambda: _connectable(port), 30, "gunicorn")
+    # Warm every worker's connection and imports before measuring.
+    for _ in range(30):
+        _post(port, "/bench/noop", BODY)
+    return web, port
+
+
+def start_engine(data_dir, *args):
+    return Proc(
+        "rundelivery", [sys.executable, "manage.py", "rundelivery", "-v", "0", *args], data_dir
+    )
+
+
+def _post(port, path, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("POST", path, body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, data
+
+
+def wrk(url, seconds):
+    body_file = Path(tempfile.mkstemp(suffix=".json")[1])
+    body_file.write_bytes(BODY)
+    out = subprocess.run(
+        [
+            "wrk",
+            "-t2",
+            "-c16",
+            f"-d{max(1, int(seconds))}s",
+            "-s",
+            str(ROOT / "bench/post.lua"),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "BENCH_BODY_FILE": str(body_file)},
+        check=True,
+    ).stdout
+    body_file.unlink()
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        raise RuntimeError(f"wrk saw {non2xx.group(1)} failed responses:\n{out}")
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def fixed_rate(port, path, rate, seconds, threads=16):
+    """Open-loop load at `rate` requests/s: latency counts from the scheduled send
+    time, so a slow answer cannot hide the queueing it causes. Returns
+    [(scheduled latency ms, answer time, response json)]."""
+    total = max(1, int(rate * seconds))
+    start = time.monotonic() + 0.2
+    lock = threading.Lock()
+    counter = iter(range(total))
+    results = []
+
+    def run():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while True:
+            with lock:
+                i = next(counter, None)
+            if i is None:
+                break
+            due = start + i / rate
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            conn.request("POST", path, BODY, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            data = response.read()
+            answered = time.time()
+            latency = (time.monotonic() - due) * 1000
+            if response.status != 200:
+                raise RuntimeError(f"status {response.status}: {data[:200]}")
+            with lock:
+                results.append((latency, answered, json.loads(data)))
+        conn.close()
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return results
+
+
+def backlog(webhook, target, n):
+    """n events with 1 KiB bodies, each with a pending delivery to `target`."""
+    from django.utils import timezone
+
+    from deliveries.models import Delivery, Event
+
+    now = timezone.now()
+    created = []
+    for start in range(0, n, 1000):
+        events = Event.objects.bulk_create(
+            Event(
+                webhook=webhook,
+                method="POST",
+                body=BODY,
+                body_size=len(BODY),
+                content_type="application/json",
+                headers=[["Content-Type", "application/json"]],
+                received_at=now,
+            )
+            for _ in range(min(1000, n - start))
+        )
+        created += Delivery.objects.bulk_create(
+            Delivery(event=e, target=target, created_at=now, updated_at=now) for e in events
+        )
+    return [d.id for d in created]
+
+
+def drained_rate(ids):
+    """Deliveries per second between the first and the last result written."""
+    from django.db.models import Max, Min
+
+    from deliveries.models import DeliveryResult
+
+    span = DeliveryResult.objects.filter(delivery_id__in=ids).aggregate(
+        a=Min("created_at"), b=Max("created_at")
+    )
+    seconds = (span["b"] - span["a"]).total_seconds()
+    return len(ids) / max(seconds, 1e-3)
+
+
+def wait_delivered(ids, timeout):
+    from deliveries.models import Delivery
+
+    chunks = [ids[i : i + 900] for i in range(0, len(ids), 900)]
+    wait_until(
+        lambda: (
+            sum(Delivery.objects.filter(id__in=c, status="delivered").count() for c in chunks)
+            == len(ids)
+        ),
+        timeout,
+        f"{len(ids)} deliveries",
+    )
+
+
+def ceiling(url, n, threads=10):
+    """The same POSTs from the same number of threads with requests, no database."""
+    import requests
+
+    counter = iter(range(n))
+    lock = threading.Lock()
+
+    def run():
+        with requests.Session() as session:
+            while True:
+                with lock:
+                    if next(counter, None) is None:
+                        return
+                session.post(
+                    url, data=BODY, headers={"Content-Type": "application/json"}, timeout=10
+                ).raise_for_status()
+
+    started = time.monotonic()
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return n / (time.monotonic() - started)
+
+
+def e2e(port, path, sink, rate, seconds, threads):
+    sent = fixed_rate(port, path, rate, seconds, threads=threads)
+    codes = {r[2]["event"]: r[1] for r in sent}
+
+    def arrived():
+        got = sink.receipts()
+        return all(c in got for c in codes) and got
+
+    received = wait_until(arrived, 120, "every event at the sink")
+    return [(received[c] - t) * 1000 for c, t in codes.items()]
+
+
+def engine_rss(data_dir, webhook_factory, n):
+    from deliveries.models import EngineStatus, Target
+
+    hole = Blackhole()
+    webhook = webhook_factory("rss")
+    target = Target.objects.create(
+        webhook=webhook,
+        name="hole",
+        type="http",
+        config={"url": f"http://127.0.0.1:{hole.port}/", "timeout": 300},
+    )
+    backlog(webhook, target, n)
+    engine = start_engine(data_dir)
+    try:
+        wait_until(
+            lambda: EngineStatus.objects.filter(inflight__gte=n, stopped_at=None).exists(),
+            120,
+            "the engine to hold every task",
+        )
+        status = Path(f"/proc/{engine.popen.pid}/status").read_text()
+        rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+    finally:
+        engine.stop(signal.SIGKILL)
+        hole.close()
+    return rss_kb / 1024
+
+
+def main():
+    data_dir = Path(os.environ["DATA_DIR"])
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+
+    from deliveries.models import Target, Webhook
+
+    call_command("migrate", verbosity=0)
+    owner = User.objects.create_user("bench")
+
+    def webhook(name):
+        hook = Webhook.objects.create(name=name, owner=owner)
+        hook.ensure_entrypoint()
+        return hook
+
+    figures = {}
+    sink = Nginx(data_dir).start()
+    web, port = start_web(data_dir)
+    engine = None
+    try:
+        # --- ingest -------------------------------------------------------------
+        ingest_hook = webhook("ingest")
+        for name in ("a", "b"):
+            Target.objects.create(
+                webhook=ingest_hook, name=name, type="http", config={"url": sink.url("/ingest")}
+            )
+        code = ingest_hook.entrypoints.get().code
+        log("ingest: no-op baseline, then /webhook/<code>, by wrk")
+        figures["noop_rps"] = wrk(f"http://127.0.0.1:{port}/bench/noop", SECONDS)
+        figures["ingest_rps"] = wrk(f"http://127.0.0.1:{port}/webhook/{code}", SECONDS)
+        figures["ingest_ratio"] = figures["ingest_rps"] / figures["noop_rps"]
+        log("ingest latency at half the measured rate")
+        lat = [
+            r[0] for r in fixed_rate(port, f"/webhook/{code}", figures["ingest_rps"] / 2, SECONDS)
+        ]
+        figures["ingest_p50_ms"] = percentile(lat, 50)
+        figures["ingest_p99_ms"] = percentile(lat, 99)
+        Target.objects.filter(webhook=ingest_hook).update(active=False)
+        from deliveries.models import Delivery
+
+        Delivery.objects.filter(target__webhook=ingest_hook).delete()
+
+        # --- delivery throughput ----------------------------------------------
+        n = int(max(1000, min(50_000, 300 * SECONDS)))
+        out_hook = webhook("delivery")
+        target = Target.objects.create(
+            webhook=out_hook, name="sink", type="http", config={"url": sink.url("/deliver")}
+        )
+        ids = backlog(out_hook, target, n)
+        log(f"delivery: a backlog of {n} to nginx, then the requests ceiling")
+        engine = start_engine(data_dir)
+        wait_delivered(ids, 600)
+        figures["delivery_rps"] = drained_rate(ids)
+        figures["http_ceiling_rps"] = ceiling(sink.url("/ceiling"), n)
+        figures["delivery_ratio"] = figures["delivery_rps"] / figures["http_ceiling_rps"]
+
+        # --- end to end ---------------------------------------------------------
+        e2e_code = out_hook.entrypoints.get().code
+        log("end to end at idle (one event every 50 ms), then at half delivery_rps")
+        idle = e2e(port, f"/webhook/{e2e_code}", sink, 20, max(2.0, SECONDS / 2), threads=1)
+        figures["e2e_p50_ms"] = percentile(idle, 50)
+        figures["e2e_p99_ms"] = percentile(idle, 99)
+        load = e2e(
+            port, f"/webhook/{e2e_code}", sink, figures["delivery_rps"] / 2, SECONDS, threads=32
+        )
+        figures["e2e_load_p50_ms"] = percentile(load, 50)
+        figures["e2e_load_p99_ms"] = percentile(load, 99)
+        engine.stop()
+        engine = None
+
+        # --- memory ---------------------------------------------------------------
+        log("engine memory with 10 000 tasks queued")
+        figures["engine_rss_mb_10k"] = engine_rss(data_dir, webhook, 10_000)
+
+        # --- the Celery alternative ---------------------------------------------
+        log("celery: the same backlog through a Celery worker (threads, Redis)")
+        figures.update(celery(data_dir, webhook, sink, port, n, figures["delivery_rps"]))
+    finally:
+        if engine is not None:
+            engine.stop()
+        web.stop()
+        sink.stop()
+    for name, value in figures.items():
+        print(f"{name}={value:.3f}" if isinstance(value, float) else f"{name}={value}")
+
+
+def celery(data_dir, webhook_factory, sink, port, n, delivery_rps):
+    import redis
+
+    from bench.celery_app import deliver
+    from deliveries.models import Target
+
+    redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")).flushdb()
+    worker = Proc(
+        "celery",
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "bench.celery_app",
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            "10",
+            "--loglevel",
+            "WARNING",
+            "--without-heartbeat",
+            "--without-gossip",
+            "--without-mingle",
+        ],
+        data_dir,
+    )
+    try:
+        hook = webhook_factory("celery")
+        target = Target.objects.create(
+            webhook=hook, name="sink", type="http", config={"url": sink.url("/celery")}
+        )
+        ids = backlog(hook, target, n)
+        for delivery_id in ids:
+            deliver.delay(delivery_id)
+        wait_delivered(ids, 900)
+        rps = drained_rate(ids)
+        code = hook.entrypoints.get().code
+        idle = e2e(port, f"/bench/celery/{code}", sink, 20, max(2.0, SECONDS / 2), threads=1)
+    finally:
+        worker.stop()
+    return {
+        "celery_rps": rps,
+        "celery_e2e_p50_ms": percentile(idle, 50),
+        "vs_celery_ratio": delivery_rps / rps,
+    }
+
+
+if __name__ == "__main__":
+    main()

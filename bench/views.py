@@ -1,0 +1,44 @@
+"""Views the benchmarks compare against; routed only with WEBHOOKER_BENCHMARK=1."""
+
+import uuid
+
+from django.conf import settings
+from django.db import transaction
+from django.http import HttpResponseNotAllowed, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
+
+from deliveries import ingest
+from deliveries.models import Delivery, Entrypoint
+from deliveries.request_body import read_body
+from deliveries.views import request_headers
+
+
+@csrf_exempt
+def noop(request):
+    """Django's own request handling: same middleware, body read, JSON answer."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
+    request_headers(request.META)
+    return JsonResponse({"event": str(uuid.uuid4()), "deliveries": len(body) * 0})
+
+
+@csrf_exempt
+def celery_receive(request, code):
+    """The usual Django alternative: store, then hand each delivery to Celery."""
+    from bench.celery_app import deliver
+
+    entrypoint = get_object_or_404(Entrypoint, code=code)
+    body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
+    stored = ingest.store_event(
+        entrypoint,
+        method="POST",
+        headers=request_headers(request.META),
+        body=body,
+        content_type=request.META.get("CONTENT_TYPE", ""),
+        remote_addr=request.META.get("REMOTE_ADDR"),
+    )
+    ids = list(Delivery.objects.filter(event_id=stored.event_id).values_list("id", flat=True))
+    transaction.on_commit(lambda: [deliver.delay(i) for i in ids])
+    return JsonResponse({"event": str(stored.code), "deliveries": stored.deliveries})
