@@ -1,0 +1,56 @@
+"""The benchmark scripts keep working: a tiny run, no assertions on speed."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from django.db import connection
+
+from tests.processes import ROOT
+
+FIGURES = [
+    "noop_rps",
+    "ingest_rps",
+    "ingest_ratio",
+    "ingest_p50_ms",
+    "ingest_p99_ms",
+    "delivery_rps",
+    "http_ceiling_rps",
+    "delivery_ratio",
+    "e2e_p50_ms",
+    "e2e_p99_ms",
+    "e2e_load_p50_ms",
+    "e2e_load_p99_ms",
+    "engine_rss_mb_10k",
+    "celery_rps",
+    "celery_e2e_p50_ms",
+    "vs_celery_ratio",
+]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_make_bench_prints_every_figure_with_its_baseline():
+    missing = [tool for tool in ("wrk", "nginx") if not shutil.which(tool)]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed (.ci/run installs them)")
+    database = "pg" if connection.vendor == "postgresql" else "sqlite"
+    env = {**os.environ, "BENCH_SECONDS": "1", "BENCH_DATABASES": database, "BENCH_RECORD": "0"}
+    env.pop("DATABASE_URL", None)
+    env.pop("DATA_DIR", None)
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    result = subprocess.run(
+        [sys.executable, "bench/run.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    suffix = "_pg" if database == "pg" else ""
+    for name in FIGURES:
+        assert re.search(rf"^{name}{suffix}=\d+(\.\d+)?$", result.stdout, re.M), name
