@@ -257,22 +257,24 @@ class WebhookAdmin(OwnedAdmin):
 # --- events --------------------------------------------------------------------
 
 
-class DeliveryInline(admin.TabularInline):
-    model = Delivery
+class ReadOnlyInline(admin.TabularInline):
     extra = 0
-    fields = ["link", "target", "badge", "attempts", "next_attempt_at", "updated_at"]
-    readonly_fields = fields
     can_delete = False
-    show_change_link = False
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).select_related("target")
 
     def has_add_permission(self, request, obj=None):
         return False
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+class DeliveryInline(ReadOnlyInline):
+    model = Delivery
+    fields = ["link", "target", "badge", "attempts", "next_attempt_at", "updated_at"]
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("target")
 
     @admin.display(description="Delivery")
     def link(self, obj):
@@ -508,11 +510,10 @@ class TargetFilter(admin.SimpleListFilter):
         return queryset
 
 
-class DeliveryResultInline(admin.TabularInline):
+class DeliveryResultInline(ReadOnlyInline):
     model = DeliveryResult
     verbose_name = "attempt"
     verbose_name_plural = "attempt timeline"
-    extra = 0
     fields = [
         "attempt",
         "created_at",
@@ -523,14 +524,7 @@ class DeliveryResultInline(admin.TabularInline):
         "response_excerpt",
     ]
     readonly_fields = fields
-    can_delete = False
     ordering = ["attempt", "id"]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="Outcome")
     def outcome(self, obj):

@@ -27,6 +27,16 @@ def make_engine(**options):
     return Engine(**defaults)
 
 
+def attempt_one(entrypoint, engine=None, **store_kwargs):
+    """Store one event and run its first attempt through the engine's steps."""
+    engine = engine or make_engine()
+    engine.recover_once(at_start=True)
+    store(entrypoint, **store_kwargs)
+    engine.intake_once()
+    engine.process_one()
+    return engine
+
+
 def pump(engine, until, timeout=30.0):
     """Run the engine's steps on this thread until `until()` is true."""
     deadline = time.monotonic() + timeout

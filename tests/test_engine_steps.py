@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, Target
-from tests.engine_helpers import make_engine, pump, store
+from tests.engine_helpers import attempt_one, make_engine, pump, store
 
 pytestmark = pytest.mark.django_db
 
@@ -221,11 +221,7 @@ def test_retries_until_success(entrypoint, make_target, sink):
 def test_retrying_status_and_next_attempt_between_attempts(entrypoint, make_target, sink):
     make_target(url=sink.url("/flaky"), max_retries=3)
     sink.respond("/flaky", 500)
-    engine = make_engine(backoff_base=60, backoff_cap=3600)
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    engine = attempt_one(entrypoint, make_engine(backoff_base=60, backoff_cap=3600))
     delivery = Delivery.objects.get()
     assert delivery.status == "retrying"
     gap = (delivery.next_attempt_at - delivery.results.get().created_at).total_seconds()
@@ -236,11 +232,7 @@ def test_retrying_status_and_next_attempt_between_attempts(entrypoint, make_targ
 def test_fire_and_forget_fails_after_one_attempt(entrypoint, make_target, sink):
     make_target(url=sink.url("/down"), max_retries=0)
     sink.always("/down", 500)
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    engine = attempt_one(entrypoint)
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.attempts, delivery.results.count()) == ("failed", 1, 1)
     assert engine.scheduler.pending() == 0
@@ -250,11 +242,7 @@ def test_fire_and_forget_fails_after_one_attempt(entrypoint, make_target, sink):
 def test_410_is_permanent(entrypoint, make_target, sink):
     make_target(url=sink.url("/gone"), max_retries=5)
     sink.always("/gone", 410)
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    engine = attempt_one(entrypoint)
     delivery = Delivery.objects.get()
     assert (delivery.status, delivery.attempts) == ("failed", 1)
     assert engine.inflight.held() == 0
@@ -264,11 +252,9 @@ def test_retry_after_is_respected(entrypoint, make_target, sink):
     make_target(url=sink.url("/busy"), max_retries=2)
     sink.respond("/busy", (503, {"Retry-After": "7"}))
     clock = [0.0]
-    engine = make_engine(clock=lambda: clock[0], backoff_base=0.01, backoff_cap=3600)
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    engine = attempt_one(
+        entrypoint, make_engine(clock=lambda: clock[0], backoff_base=0.01, backoff_cap=3600)
+    )
     [(due, _, _task)] = engine.scheduler._heap
     assert 7.0 <= due <= 7.01
     clock[0] = 6.9
@@ -282,11 +268,7 @@ def test_retry_after_is_respected(entrypoint, make_target, sink):
 def test_redirects_are_not_followed(entrypoint, make_target, sink):
     make_target(url=sink.url("/moved"))
     sink.always("/moved", 302, {"Location": sink.url("/elsewhere")})
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    attempt_one(entrypoint)
     result = DeliveryResult.objects.get()
     assert (result.success, result.status_code) == (False, 302)
     assert "redirect" in result.error
@@ -324,11 +306,7 @@ def test_hop_by_hop_headers_are_stripped_and_extras_added(entrypoint, make_targe
 
 def test_unreachable_target_records_the_error(entrypoint, make_target):
     make_target(url="http://127.0.0.1:9/closed")
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    attempt_one(entrypoint)
     result = DeliveryResult.objects.get()
     assert not result.success and result.status_code is None
     assert "connection failed" in result.error

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 
 from deliveries import ssrf
 from deliveries.models import Delivery, DeliveryResult, Target
-from tests.engine_helpers import make_engine, store
+from tests.engine_helpers import attempt_one
 
 BLOCKED = [
     "127.0.0.1",
@@ -118,11 +118,7 @@ def test_dns_rebinding_is_blocked_at_connect_time(entrypoint, make_target, sink,
     target.full_clean()
     target.save()
     dns["rebind.example.net"] = ["127.0.0.1"]  # the attacker's DNS changes its answer
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    attempt_one(entrypoint)
     delivery = Delivery.objects.get()
     assert delivery.status == "failed"  # permanent: no retries spent on it
     result = DeliveryResult.objects.get()
@@ -140,11 +136,7 @@ def test_the_same_url_is_delivered_when_its_network_is_allowed(entrypoint, sink,
         type="http",
         config={"url": f"http://local.example.net:{sink.port}/x"},
     )
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint)
-    engine.intake_once()
-    engine.process_one()
+    attempt_one(entrypoint)
     assert Delivery.objects.get().status == "delivered"
     assert sink.requests("/x")[0].headers["Host"] == f"local.example.net:{sink.port}"
 
