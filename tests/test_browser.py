@@ -14,7 +14,7 @@ from django.conf import global_settings
 from django.contrib.auth.models import User
 
 from deliveries.models import Delivery, Webhook
-from tests.processes import start_engine, start_web
+from tests.processes import start_engine, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -103,6 +103,17 @@ def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data
         assert page.inner_text("#wh-count-delivered") == "1"
         assert "running" in page.inner_text("#wh-engine")
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+
+        # Redeliver it from the list: the running engine is woken and sends it again.
+        page.goto(f"{base}/admin/deliveries/delivery/")
+        page.check("#result_list input.action-select")
+        page.select_option("select[name=action]", "redeliver")
+        page.click("button[name=index]")
+        assert "Queued 1 deliveries for redelivery." in page.inner_text(".messagelist")
+        sink.wait_for(2, "/browser", timeout=20)
+        wait_until(lambda: Delivery.objects.filter(status="delivered", attempts=2).exists(),
+                   message="the redelivery recorded")
+        assert delivery.results.count() == 2
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
         raise
@@ -110,4 +121,4 @@ def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data
         page.close()
         engine.stop()
         web.stop()
-    assert sink.requests("/browser")[0].body == b'{"from": "test"}'
+    assert [r.body for r in sink.requests("/browser")] == [b'{"from": "test"}'] * 2
