@@ -36,7 +36,7 @@ def test_a_hung_target_does_not_stall_a_healthy_one(entrypoint, make_target, sin
     hung = make_target(config={"url": sink.url("/hung"), "timeout": 30}, name="hung")
     healthy = make_target(url=sink.url("/ok"), name="ok")
     store(entrypoint, n=40)
-    with RunningEngine(workers=4, target_concurrency=2, http_timeout=30) as engine:
+    with RunningEngine(workers=4, target_concurrency=2) as engine:
         wait_until(
             lambda: Delivery.objects.filter(target=healthy, status="delivered").count() == 40,
             timeout=60,

@@ -57,7 +57,6 @@ class Engine:
         stale_after: float = 900.0,
         recovery_batch: int = 500,
         target_concurrency: int = 4,
-        http_timeout: float = 10.0,
         backoff_base: float = 1.0,
         backoff_cap: float = 3600.0,
         name: str = "default",
@@ -69,7 +68,6 @@ class Engine:
         self.recovery_interval = recovery_interval
         self.stale_after = stale_after
         self.recovery_batch = recovery_batch
-        self.http_timeout = http_timeout
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.name = name
@@ -103,7 +101,6 @@ class Engine:
             "stale_after": settings.DELIVERY_STALE_AFTER,
             "recovery_batch": settings.DELIVERY_RECOVERY_BATCH,
             "target_concurrency": settings.DELIVERY_TARGET_CONCURRENCY,
-            "http_timeout": settings.DELIVERY_HTTP_TIMEOUT,
             "backoff_base": settings.DELIVERY_BACKOFF_BASE,
             "backoff_cap": settings.DELIVERY_BACKOFF_CAP,
         }
