@@ -2,7 +2,7 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -14,7 +14,7 @@ class Webhook(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="webhooks")
     retention_days = models.PositiveIntegerField(
         default=30,
-        validators=[MinValueValidator(1)],
+        validators=[MinValueValidator(1), MaxValueValidator(36_500)],
         help_text="Events older than this are pruned with their deliveries.",
     )
     created_at = models.DateTimeField(default=timezone.now)

@@ -24,7 +24,10 @@ def prune_events(*, now=None, batch=BATCH) -> Counter:
     now = now or timezone.now()
     removed = Counter()
     for webhook_id, days in Webhook.objects.values_list("id", "retention_days"):
-        cutoff = now - datetime.timedelta(days=days)
+        try:
+            cutoff = now - datetime.timedelta(days=days)
+        except OverflowError:  # longer than the calendar: nothing is old enough
+            continue
         expired = (
             Event.objects.filter(webhook_id=webhook_id, received_at__lt=cutoff)
             .exclude(
@@ -36,11 +39,24 @@ def prune_events(*, now=None, batch=BATCH) -> Counter:
         )
         while True:
             with transaction.atomic():
-                # Selected inside the transaction that deletes them, so a delivery
-                # set back to pending a moment ago keeps its event.
                 ids = list(expired.values_list("id", flat=True)[:batch])
                 if not ids:
                     break
+                # Lock the events and their deliveries, then look again: a redeliver
+                # or replay that committed since the SELECT above keeps its event
+                # (on PostgreSQL; SQLite's single writer already rules it out).
+                list(Event.objects.select_for_update().filter(id__in=ids).values_list("id"))
+                list(
+                    Delivery.objects.select_for_update().filter(event_id__in=ids).values_list("id")
+                )
+                busy = set(
+                    Delivery.objects.filter(
+                        event_id__in=ids, status__in=Delivery.UNFINISHED
+                    ).values_list("event_id", flat=True)
+                )
+                ids = [i for i in ids if i not in busy]
+                if not ids:
+                    continue
                 removed["results"] += DeliveryResult.objects.filter(
                     delivery__event_id__in=ids
                 ).delete()[0]

@@ -12,9 +12,11 @@ and inside the HTTP transport on the address each connection is actually made to
 so a name that resolves elsewhere the second time (DNS rebinding) gains nothing.
 """
 
+import contextlib
 import functools
 import ipaddress
 import socket
+import threading
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -84,7 +86,7 @@ def refusal(address: str) -> str | None:
         return f"{ip} is the unspecified address"
     if ip.version == 4 and ip in ipaddress.ip_network("100.64.0.0/10"):
         return f"{ip} is a carrier-grade NAT address"
-    if ip.is_private:
+    if ip.is_private or (ip.version == 6 and ip.is_site_local):
         return f"{ip} is a private address"
     if ip.is_reserved or not ip.is_global:
         return f"{ip} is a reserved address"
@@ -97,15 +99,46 @@ def resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(info[4][0] for info in infos))
 
 
+_advance = threading.local()
+
+
+@contextlib.contextmanager
+def resolved_in_advance(urls):
+    """Resolve the hosts of `urls` now; check_url inside the block uses the answers.
+
+    For callers that validate inside a database transaction (the admin's forms):
+    the slow part, DNS, happens before the transaction holds any lock.
+    """
+    answers = {}
+    for url in urls:
+        try:
+            parts = urlsplit(url.strip())
+            if parts.scheme in ("http", "https") and parts.hostname:
+                port = parts.port or (443 if parts.scheme == "https" else 80)
+                answers[(parts.hostname, port)] = resolve(parts.hostname, port)
+        except (OSError, UnicodeError, ValueError):
+            continue  # check_url reports it, resolving again
+    previous = getattr(_advance, "answers", None)
+    _advance.answers = answers
+    try:
+        yield
+    finally:
+        _advance.answers = previous
+
+
 def check_url(url: str) -> None:
     """Raise ValueError saying why `url` may not be a target (save time)."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("only http:// and https:// URLs with a host can be targets")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        addresses = resolve(parts.hostname, port)
-    except (OSError, UnicodeError):
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError("the port is not a valid port number") from None
+    try:
+        advance = getattr(_advance, "answers", None) or {}
+        addresses = advance.get((parts.hostname, port)) or resolve(parts.hostname, port)
+    except (OSError, UnicodeError, ValueError):
         raise ValueError(f"the host {parts.hostname!r} does not resolve") from None
     if not addresses:
         raise ValueError(f"the host {parts.hostname!r} does not resolve")

@@ -418,3 +418,49 @@ def test_superuser_can_assign_an_owner(superuser, alice):
     data["owner"] = alice.pk
     assert client.post(reverse("admin:deliveries_webhook_add"), data).status_code == 302
     assert Webhook.objects.get(name="new hook").owner == alice
+
+
+def test_junk_in_urls_and_bodies_never_500s(alice):
+    hook = Webhook.objects.create(name="h", owner=alice)
+    hook.ensure_entrypoint()
+    nested = b"[" * 100_000 + b"]" * 100_000
+    [event] = store(hook.entrypoints.get(), body=nested)
+    client = client_for(alice)
+    response = client.get(reverse("admin:deliveries_event_change", args=[event.pk]))
+    assert response.status_code == 200  # shown as text, not pretty-printed
+    assert client.get("/admin/deliveries/event/abc/body/").status_code == 404
+    assert client.get("/admin/deliveries/event/abc/change/").status_code == 404
+    url = reverse("admin:deliveries_delivery_changelist")
+    for query in ("webhook=²", "target=99999999999999999999", "webhook=-1", "target=x"):
+        response = client.get(f"{url}?{query}")
+        assert response.status_code == 200, query
+        assert response.context["cl"].result_count == 0, query
+
+
+def test_retention_days_is_bounded(alice):
+    client = client_for(alice)
+    data = inline_data()
+    data["retention_days"] = "99999999"
+    response = client.post(reverse("admin:deliveries_webhook_add"), data)
+    assert response.status_code == 200
+    assert "retention_days" in response.context["adminform"].form.errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_target_hosts_are_resolved_before_the_admin_transaction(alice, dns, monkeypatch):
+    """The DNS lookup of the SSRF check happens before the write transaction opens."""
+    from django.db import connection
+
+    from deliveries import ssrf
+
+    real_resolve = ssrf.resolve
+    seen_in_transaction = []
+
+    def watching(host, port):
+        seen_in_transaction.append(connection.in_atomic_block)
+        return real_resolve(host, port)
+
+    monkeypatch.setattr(ssrf, "resolve", watching)
+    response = client_for(alice).post(reverse("admin:deliveries_webhook_add"), inline_data())
+    assert response.status_code == 302
+    assert seen_in_transaction and not any(seen_in_transaction)

@@ -111,8 +111,10 @@ def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data
         page.click("button[name=index]")
         assert "Queued 1 deliveries for redelivery." in page.inner_text(".messagelist")
         sink.wait_for(2, "/browser", timeout=20)
-        wait_until(lambda: Delivery.objects.filter(status="delivered", attempts=2).exists(),
-                   message="the redelivery recorded")
+        wait_until(
+            lambda: Delivery.objects.filter(status="delivered", attempts=2).exists(),
+            message="the redelivery recorded",
+        )
         assert delivery.results.count() == 2
     except Exception:
         page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)

@@ -394,3 +394,19 @@ def test_one_log_line_per_attempt(entrypoint, make_target, sink, caplog):
     assert f"target={delivery.target_id}" in line
     assert "outcome=delivered" in line and "status_code=200" in line
     assert "duration_ms=" in line
+
+
+def test_an_unknown_response_charset_is_still_a_success(entrypoint, make_target, sink):
+    make_target(url=sink.url("/charset"))
+    sink.always("/charset", 200, {"Content-Type": "text/plain; charset=bogus"})
+    attempt_one(entrypoint)
+    assert Delivery.objects.get().status == "delivered"
+
+
+def test_retry_after_parsing():
+    from deliveries.targets.transport import parse_retry_after
+
+    assert parse_retry_after("120") == 120
+    assert parse_retry_after("²") is None
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412480) == 0

@@ -82,3 +82,9 @@ def test_counts_match_what_was_sent_across_workers_and_engine(
 def test_metrics_are_off_without_credentials(client, settings):
     settings.METRICS_USERNAME = settings.METRICS_PASSWORD = ""
     assert client.get("/metrics").status_code == 404
+
+
+def test_junk_authorization_is_refused_not_a_crash(client, settings):
+    settings.METRICS_USERNAME, settings.METRICS_PASSWORD = AUTH
+    for header in ("Basic é", "Basic !!!", "Basic " + "w6k=", "Bearer x", "Basic"):
+        assert client.get("/metrics", HTTP_AUTHORIZATION=header).status_code == 401, header

@@ -211,3 +211,12 @@ def test_prune_is_per_webhook_and_in_batches(entrypoint, user):
     removed = prune_events(batch=2)
     assert removed["events"] == 5
     assert Event.objects.filter(webhook=other).count() == 2
+
+
+def test_prune_survives_a_retention_longer_than_the_calendar(entrypoint):
+    from deliveries.models import Webhook
+
+    Webhook.objects.filter(pk=entrypoint.webhook_id).update(retention_days=10**7)
+    store(entrypoint)
+    assert prune_events()["events"] == 0
+    assert Event.objects.count() == 1

@@ -153,3 +153,7 @@ def test_admin_form_shows_a_blocked_url_as_a_field_error(admin_client):
         f for f in response.context["inline_admin_formsets"] if f.formset.prefix == "targets"
     ).formset
     assert "link-local" in str(formset.forms[0].errors["url"])
+
+
+def test_deprecated_site_local_ipv6_is_blocked():
+    assert ssrf.refusal("fec0::1")

@@ -11,7 +11,7 @@ def format_message(task) -> str:
     """Metadata, then the payload in a code block: JSON pretty-printed, cut at 3 500."""
     body = task.load_body()
     text = body.decode("utf-8", "replace")
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
+    with contextlib.suppress(ValueError, RecursionError):
         text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
     if len(text) > MESSAGE_LIMIT:
         text = text[:MESSAGE_LIMIT] + "\n… (truncated)"

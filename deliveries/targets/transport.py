@@ -40,7 +40,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)
@@ -75,7 +75,10 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
     finally:
         response.close()
     code = response.status_code
-    body = excerpt.decode(response.encoding or "utf-8", "replace")
+    try:
+        body = excerpt.decode(response.encoding or "utf-8", "replace")
+    except LookupError:  # a charset Python does not know: still the receiver's answer
+        body = excerpt.decode("utf-8", "replace")
     if 200 <= code < 300:
         return Outcome(success=True, status_code=code, response_body=body)
     retry_after = None
