@@ -410,3 +410,39 @@ def test_retry_after_parsing():
     assert parse_retry_after("²") is None
     assert parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412480) == 0
+
+
+def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_timeout(entrypoint, make_target):
+    """Each byte arrives well within the per-read timeout; only the whole-attempt
+    deadline ends the attempt (without it this test would hang)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    stop = threading.Event()
+
+    def drip():
+        conn, _ = server.accept()
+        conn.recv(65536)
+        for byte in b"HTTP/1.1 200 OK\r\n" * 1000:
+            if stop.wait(0.2):
+                break
+            try:
+                conn.send(bytes([byte]))
+            except OSError:
+                break
+        conn.close()
+
+    threading.Thread(target=drip, daemon=True).start()
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/drip"
+    make_target(config={"url": url, "timeout": 1})
+    try:
+        attempt_one(entrypoint)
+    finally:
+        stop.set()
+        server.close()
+    result = DeliveryResult.objects.get()
+    assert not result.success
+    assert result.error == "timeout: no answer within 1 s"

@@ -15,10 +15,20 @@ from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConn
 from urllib3.util import connection
 
 from deliveries import ssrf
+from deliveries.targets.deadline import watchdog
 
 
 class _Guarded:
+    def request(self, *args, **kwargs):
+        watchdog.bind(self.sock)  # a kept-alive connection's socket
+        return super().request(*args, **kwargs)
+
     def _new_conn(self) -> socket.socket:
+        sock = self._connect_vetted()
+        watchdog.bind(sock)
+        return sock
+
+    def _connect_vetted(self) -> socket.socket:
         try:
             addresses = ssrf.resolve(self._dns_host, self.port)
         except socket.gaierror as exc:

@@ -13,6 +13,7 @@ from django.conf import settings
 
 from deliveries.models import DeliveryResult
 from deliveries.targets.base import Outcome
+from deliveries.targets.deadline import watchdog
 from deliveries.targets.guard import GuardedAdapter, blocked_reason
 
 _local = threading.local()
@@ -52,28 +53,36 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outcome:
-    """POST once; never follow redirects; read at most the stored response excerpt."""
-    try:
-        response = session().post(
-            url,
-            data=data,
-            headers=headers,
-            timeout=timeout or settings.DELIVERY_HTTP_TIMEOUT,
-            allow_redirects=False,
-            stream=True,
-        )
-    except requests.RequestException as exc:
-        reason = blocked_reason(exc)
-        if reason:
-            return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
-        return Outcome(success=False, error=_describe(exc))
-    try:
-        limit = DeliveryResult.RESPONSE_BODY_LIMIT
-        excerpt = response.raw.read(limit, decode_content=True) or b""
-    except Exception as exc:  # a receiver that breaks off mid-body
-        excerpt = f"<response body unreadable: {exc}>".encode()
-    finally:
-        response.close()
+    """POST once; never follow redirects; read at most the stored response excerpt.
+
+    `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds each connect and read, and also the
+    whole attempt: a receiver that drips its answer is cut off when it runs out.
+    """
+    timeout = timeout or settings.DELIVERY_HTTP_TIMEOUT
+    with watchdog.deadline(timeout) as deadline:
+        try:
+            response = session().post(
+                url,
+                data=data,
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
+                stream=True,
+            )
+        except requests.RequestException as exc:
+            reason = blocked_reason(exc)
+            if reason:
+                return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
+            if deadline["expired"]:
+                return Outcome(success=False, error=f"timeout: no answer within {timeout:g} s")
+            return Outcome(success=False, error=_describe(exc))
+        try:
+            limit = DeliveryResult.RESPONSE_BODY_LIMIT
+            excerpt = response.raw.read(limit, decode_content=True) or b""
+        except Exception as exc:  # a receiver that breaks off (or drips) mid-body
+            excerpt = f"<response body unreadable: {exc}>".encode()
+        finally:
+            response.close()
     code = response.status_code
     try:
         body = excerpt.decode(response.encoding or "utf-8", "replace")
