@@ -167,3 +167,15 @@ def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
 def _zombie(pid):
     with open(f"/proc/{pid}/stat") as fh:
         return fh.read().split()[2] == "Z"
+
+
+def test_once_delivers_what_is_outstanding_and_exits(entrypoint, make_target, sink, data_dir):
+    from tests.engine_helpers import store
+
+    make_target(url=sink.url("/once"), name="once")
+    store(entrypoint, n=25)
+    engine = start_engine(data_dir, "--once")
+    assert engine.wait(60) == 0, engine.log()
+    engine.stop()
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
+    assert len(sink.requests("/once")) == 25

@@ -91,3 +91,21 @@ def test_stop_finishes_running_attempts_and_releases_everything(entrypoint, make
     assert all(d.next_attempt_at is not None for d in retrying)
     # Every attempt that started was recorded: none is left half-done.
     assert DeliveryResult.objects.count() == len(sink.requests("/slowish"))
+
+
+def test_the_running_engine_prunes_old_events(entrypoint, make_target):
+    import datetime
+
+    from django.utils import timezone
+
+    from deliveries.models import Event
+
+    make_target("log")
+    old, young = store(entrypoint, n=2)
+    Delivery.objects.update(status="delivered", attempts=1)
+    Event.objects.filter(pk=old.pk).update(received_at=timezone.now() - datetime.timedelta(days=31))
+    runner = RunningEngine()
+    runner.engine.PRUNE_FIRST = 0.05  # instead of a minute after start
+    with runner:
+        wait_until(lambda: not Event.objects.filter(pk=old.pk).exists(), message="retention to run")
+    assert Event.objects.filter(pk=young.pk).exists()
