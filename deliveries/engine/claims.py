@@ -17,7 +17,7 @@ from deliveries.engine.task import INLINE_BODY_LIMIT, Task
 from deliveries.models import Delivery
 
 # What a claimant reads about each candidate before claiming it.
-CANDIDATE_FIELDS = ("id", "status", "target_id", "target__max_queue_size", "next_attempt_at")
+CANDIDATE_FIELDS = ("id", "status", "target_id", "target__max_queue_size")
 LOAD_CHUNK = 500
 
 
@@ -32,7 +32,7 @@ class Claimer:
         """Claim what nobody owns and fits its target's cap (at most `limit` rows);
         return the loaded tasks."""
         claimed = {}
-        for delivery_id, status, target_id, cap, _ in rows:
+        for delivery_id, status, target_id, cap in rows:
             if limit is not None and len(claimed) >= limit:
                 break
             if status not in Delivery.UNFINISHED:
