@@ -46,15 +46,13 @@ class EngineCollector:
     """The engine's gauges, read from its heartbeat at scrape time."""
 
     def collect(self):
-        from deliveries.models import EngineStatus
+        from deliveries.dashboard import engine_status
 
-        status = EngineStatus.objects.filter(name="default").first()
+        engine = engine_status()  # one read of the heartbeat row
+        status = engine.status
         running = GaugeMetricFamily(
             "webhooker_engine_up", "1 while the engine's heartbeat is fresh."
         )
-        from deliveries.dashboard import engine_status
-
-        engine = engine_status()
         running.add_metric([], 1 if engine.alive else 0)
         yield running
         if status is None or status.heartbeat_at is None:

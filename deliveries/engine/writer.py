@@ -65,7 +65,6 @@ class ResultWriter:
         except DatabaseError:
             logger.warning("writing %d results failed; will retry", len(batch), exc_info=True)
             connection.close()
-            written = {}
             for item in batch:
                 self.on_written(item, None)
             return
