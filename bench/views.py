@@ -1,4 +1,4 @@
-"""Views the benchmarks compare against; routed only with WEBHOOKER_BENCHMARK=1."""
+"""Views the benchmarks compare against; routed only by bench.settings (bench/urls.py)."""
 
 import uuid
 

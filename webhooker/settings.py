@@ -264,8 +264,6 @@ WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024,
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
 WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
 WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
-# Routes the benchmarks compare against (bench/views.py); never on in production.
-WEBHOOKER_BENCHMARK = env.bool("WEBHOOKER_BENCHMARK", default=False) and not PRODUCTION
 METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
 METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 

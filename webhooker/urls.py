@@ -1,4 +1,3 @@
-from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 
@@ -6,11 +5,3 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("deliveries.urls")),
 ]
-
-if settings.WEBHOOKER_BENCHMARK:
-    from bench import views as bench_views
-
-    urlpatterns += [
-        path("bench/noop", bench_views.noop),
-        path("bench/celery/<uuid:code>", bench_views.celery_receive),
-    ]

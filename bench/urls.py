@@ -1,0 +1,9 @@
+from django.urls import include, path
+
+from bench import views
+
+urlpatterns = [
+    path("", include("webhooker.urls")),
+    path("bench/noop", views.noop),
+    path("bench/celery/<uuid:code>", views.celery_receive),
+]
