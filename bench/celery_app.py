@@ -10,8 +10,8 @@ django.setup()
 
 from celery import Celery  # noqa: E402
 
-from deliveries.engine.claims import load_tasks  # noqa: E402
-from deliveries.engine.workers import call_target, decide  # noqa: E402
+from deliveries.engine.attempts import attempt  # noqa: E402
+from deliveries.engine.claims import load_tasks, read_body  # noqa: E402
 from deliveries.engine.writer import write_results  # noqa: E402
 
 app = Celery("bench", broker=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"))
@@ -25,12 +25,7 @@ app.conf.update(
 
 @app.task(name="bench.deliver")
 def deliver(delivery_id):
-    import time
-
     [task] = load_tasks([delivery_id]) or [None]
     if task is None:
         return
-    start = time.monotonic()
-    outcome = call_target(task)
-    status, delay = decide(task, outcome, retries=False, base=1, cap=1)
-    write_results([(task, outcome, status, delay, int((time.monotonic() - start) * 1000))])
+    write_results([attempt(task, read_body(task), base=1, cap=1)])

@@ -1,7 +1,9 @@
 import time
 
 from deliveries import ingest
+from deliveries.engine.config import EngineConfig
 from deliveries.engine.core import Engine
+from deliveries.engine.runner import Runner
 from deliveries.models import Event
 
 
@@ -21,10 +23,18 @@ def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="app
     return [events[i] for i in stored]
 
 
-def make_engine(**options):
+def make_engine(clock=None, **options):
+    """An engine with fast test timings; `options` are EngineConfig fields."""
     defaults = {"workers": 1, "poll_interval": 0.05, "backoff_base": 0.01, "backoff_cap": 1.0}
-    defaults.update(options)
-    return Engine(**defaults)
+    config = EngineConfig(**{**defaults, **options})
+    return Engine(config, clock=clock or time.monotonic)
+
+
+def started_engine(**options):
+    """An engine past its at-start recovery, as rundelivery has it before intake."""
+    engine = make_engine(**options)
+    engine.recover_once(at_start=True)
+    return engine
 
 
 def attempt_one(entrypoint, engine=None, **store_kwargs):
@@ -50,20 +60,22 @@ def pump(engine, until, timeout=30.0):
 
 
 class RunningEngine:
-    """The whole engine on its own threads, as rundelivery runs it."""
+    """The whole engine on its own threads, as rundelivery runs it; `with` gives
+    the runner (its engine is `runner.engine`)."""
 
     def __init__(self, **options):
         import threading
 
         options.setdefault("workers", 10)
-        self.engine = make_engine(**options)
-        self.thread = threading.Thread(target=self.engine.run, name="engine", daemon=True)
+        self.runner = Runner(make_engine(**options))
+        self.engine = self.runner.engine
+        self.thread = threading.Thread(target=self.runner.run, name="engine", daemon=True)
 
     def __enter__(self):
         self.thread.start()
-        return self.engine
+        return self.runner
 
     def __exit__(self, *exc):
-        self.engine.stop()
+        self.runner.stop()
         self.thread.join(60)
         assert not self.thread.is_alive(), "engine did not stop"

@@ -5,8 +5,8 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from deliveries.models import Delivery, DeliveryResult, Target
-from tests.engine_helpers import attempt_one, make_engine, pump, store
+from deliveries.models import Delivery, DeliveryResult, Event, Target
+from tests.engine_helpers import attempt_one, make_engine, pump, started_engine, store
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +53,7 @@ def test_retrying_is_scheduled_after_what_is_left_of_its_backoff(entrypoint, mak
 
     engine.recover_once(at_start=True)
 
-    dues = sorted((due, task.delivery_id) for due, _, task in engine.scheduler._heap)
+    dues = [(due, task.delivery_id) for due, task in engine.scheduler.scheduled()]
     assert dues[0] == (500.0, second.id)  # overdue: now
     assert dues[1][1] == first.id
     assert 538 < dues[1][0] <= 540.0
@@ -97,8 +97,7 @@ def test_tick_never_takes_what_the_engine_owns(entrypoint, make_target):
 
 def test_intake_takes_new_rows_once(entrypoint, make_target):
     make_target(url="http://127.0.0.1:9/x")
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint, n=4)
     assert engine.intake_once() == 4
     assert engine.intake_once() == 0
@@ -107,8 +106,7 @@ def test_intake_takes_new_rows_once(entrypoint, make_target):
 
 def test_intake_reads_no_more_than_the_channel_takes(entrypoint, make_target):
     make_target(url="http://127.0.0.1:9/x")
-    engine = make_engine(channel_size=3)
-    engine.recover_once(at_start=True)
+    engine = started_engine(channel_size=3)
     store(entrypoint, n=5)
     assert engine.intake_once() == 3
     assert engine.intake_once() == 0
@@ -119,9 +117,8 @@ def test_intake_reads_no_more_than_the_channel_takes(entrypoint, make_target):
 def test_intake_takes_a_delivery_committed_out_of_order(entrypoint, make_target):
     """An id below the cursor that appears later (a PostgreSQL sequence race)."""
     target = make_target(url="http://127.0.0.1:9/x")
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    events = store(entrypoint, n=3)
+    engine = started_engine()
+    store(entrypoint, n=3)
     middle = Delivery.objects.order_by("id")[1]
     late_id, late_event = middle.id, middle.event_id
     middle.delete()  # as if its transaction had not committed yet
@@ -131,14 +128,12 @@ def test_intake_takes_a_delivery_committed_out_of_order(entrypoint, make_target)
     assert engine.intake_once() == 1
     assert engine.inflight.owns(late_id)
     assert not engine.intake.gaps
-    assert len(events) == 3
 
 
 def test_gaps_that_never_fill_are_forgotten(entrypoint, make_target):
     make_target(url="http://127.0.0.1:9/x")
     clock = [0.0]
-    engine = make_engine(clock=lambda: clock[0])
-    engine.recover_once(at_start=True)
+    engine = started_engine(clock=lambda: clock[0])
     store(entrypoint, n=3)
     Delivery.objects.order_by("id")[1].delete()  # a rolled-back insert
     engine.intake_once()
@@ -150,8 +145,7 @@ def test_gaps_that_never_fill_are_forgotten(entrypoint, make_target):
 
 def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):
     make_target(url=sink.url("/r"))
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint)
     pump(engine, lambda: set(statuses().values()) == {"delivered"})
     assert engine.intake_once() == 0
@@ -167,8 +161,7 @@ def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):
 def test_a_full_target_waits_in_the_database(entrypoint, make_target, sink):
     small = make_target(url=sink.url("/small"), name="small", max_queue_size=2)
     other = make_target(url=sink.url("/other"), name="other")
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint, n=5)
     assert engine.intake_once() == 7  # 2 of small, 5 of other
     assert engine.gate.held(small.id) == 2
@@ -183,12 +176,8 @@ def test_a_full_target_waits_in_the_database(entrypoint, make_target, sink):
 
 def test_http_attempt_writes_result_and_status(entrypoint, make_target, sink):
     make_target(url=sink.url("/hook"))
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    [event] = store(entrypoint, body=b'{"a": 1}')
-    engine.intake_once()
-    assert engine.process_one()
-    delivery = Delivery.objects.get()
+    engine = attempt_one(entrypoint, body=b'{"a": 1}')
+    event, delivery = Event.objects.get(), Delivery.objects.get()
     assert (delivery.status, delivery.attempts) == ("delivered", 1)
     result = delivery.results.get()
     assert (result.attempt, result.success, result.status_code) == (1, True, 200)
@@ -203,8 +192,7 @@ def test_http_attempt_writes_result_and_status(entrypoint, make_target, sink):
 def test_retries_until_success(entrypoint, make_target, sink):
     make_target(url=sink.url("/flaky"), max_retries=3)
     sink.respond("/flaky", 500, 500, 200)
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint)
     pump(engine, lambda: Delivery.objects.get().status == "delivered")
     delivery = Delivery.objects.get()
@@ -255,7 +243,7 @@ def test_retry_after_is_respected(entrypoint, make_target, sink):
     engine = attempt_one(
         entrypoint, make_engine(clock=lambda: clock[0], backoff_base=0.01, backoff_cap=3600)
     )
-    [(due, _, _task)] = engine.scheduler._heap
+    [(due, _task)] = engine.scheduler.scheduled()
     assert 7.0 <= due <= 7.01
     clock[0] = 6.9
     assert engine.scheduler.release_due() == 0
@@ -289,11 +277,8 @@ def test_hop_by_hop_headers_are_stripped_and_extras_added(entrypoint, make_targe
         ["X-Github-Event", "push"],
         ["X-Webhooker-Event", "spoofed"],
     ]
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    [event] = store(entrypoint, body=b"{}", headers=headers)
-    engine.intake_once()
-    engine.process_one()
+    attempt_one(entrypoint, body=b"{}", headers=headers)
+    event = Event.objects.get()
     [got] = sink.requests("/h")
     names = {k.lower() for k in got.headers}
     assert not names & {"x-private", "keep-alive", "transfer-encoding", "upgrade"}
@@ -316,8 +301,7 @@ def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink)
     make_target(url=sink.url("/dead"), max_retries=10)
     sink.always("/dead", 500)
     clock = [0.0]
-    engine = make_engine(clock=lambda: clock[0], backoff_base=0.001, backoff_cap=0.001)
-    engine.recover_once(at_start=True)
+    engine = started_engine(clock=lambda: clock[0], backoff_base=0.001, backoff_cap=0.001)
     store(entrypoint)
     engine.intake_once()
     for _ in range(5):
@@ -329,7 +313,7 @@ def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink)
     engine.process_one()  # deferred by the open breaker
     assert Delivery.objects.get().attempts == 5
     assert len(sink.requests("/dead")) == 5
-    [(due, _, _)] = engine.scheduler._heap
+    [(due, _task)] = engine.scheduler.scheduled()
     assert due >= clock[0] + 29
     sink.always("/dead", 200)
     clock[0] = due
@@ -342,12 +326,8 @@ def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink)
 @pytest.mark.parametrize("type_", [Target.Type.DATABASE, Target.Type.LOG])
 def test_database_and_log_targets_deliver(entrypoint, make_target, type_, caplog):
     make_target(type_)
-    engine = make_engine()
-    engine.recover_once(at_start=True)
-    store(entrypoint, body=b'{"x": "logged"}')
-    engine.intake_once()
     with caplog.at_level("INFO", logger="deliveries"):
-        engine.process_one()
+        attempt_one(entrypoint, body=b'{"x": "logged"}')
     assert Delivery.objects.get().status == "delivered"
     if type_ == Target.Type.LOG:
         assert any('{"x": "logged"}' in r.getMessage() for r in caplog.records)
@@ -355,8 +335,7 @@ def test_database_and_log_targets_deliver(entrypoint, make_target, type_, caplog
 
 def test_inactive_target_fails_its_queued_deliveries(entrypoint, make_target, sink):
     target = make_target(url=sink.url("/off"))
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint)
     Target.objects.filter(id=target.id).update(active=False)
     engine.intake_once()
@@ -370,8 +349,7 @@ def test_inactive_target_fails_its_queued_deliveries(entrypoint, make_target, si
 def test_large_bodies_are_read_at_attempt_time(entrypoint, make_target, sink):
     make_target(url=sink.url("/big"))
     body = b"B" * (64 * 1024)
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint, body=body, content_type="application/octet-stream")
     engine.intake_once()
     [task] = engine.channel.drain()
@@ -382,8 +360,7 @@ def test_large_bodies_are_read_at_attempt_time(entrypoint, make_target, sink):
 
 def test_one_log_line_per_attempt(entrypoint, make_target, sink, caplog):
     make_target(url=sink.url("/l"))
-    engine = make_engine()
-    engine.recover_once(at_start=True)
+    engine = started_engine()
     store(entrypoint)
     engine.intake_once()
     with caplog.at_level("INFO", logger="deliveries.engine"):

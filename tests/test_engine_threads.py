@@ -20,9 +20,9 @@ def test_every_event_reaches_every_target_exactly_once(entrypoint, make_target, 
     for path in paths:
         make_target(url=sink.url(path), name=path)
     events = store(entrypoint, n=500)
-    with RunningEngine() as engine:
+    with RunningEngine() as runner:
         wait_until(all_finished, timeout=120, message="all deliveries to finish")
-    assert engine.inflight.held() == 0
+    assert runner.engine.inflight.held() == 0
     assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
     seen = Counter((r.path, r.headers["X-Webhooker-Event"]) for r in sink.requests())
     expected = {(path, str(e.code)) for path in paths for e in events}
@@ -36,7 +36,7 @@ def test_a_hung_target_does_not_stall_a_healthy_one(entrypoint, make_target, sin
     hung = make_target(config={"url": sink.url("/hung"), "timeout": 30}, name="hung")
     healthy = make_target(url=sink.url("/ok"), name="ok")
     store(entrypoint, n=40)
-    with RunningEngine(workers=4, target_concurrency=2) as engine:
+    with RunningEngine(workers=4, target_concurrency=2) as runner:
         wait_until(
             lambda: Delivery.objects.filter(target=healthy, status="delivered").count() == 40,
             timeout=60,
@@ -44,9 +44,9 @@ def test_a_hung_target_does_not_stall_a_healthy_one(entrypoint, make_target, sin
         )
         # The hung target's deliveries are all still outstanding, and owned.
         assert Delivery.objects.filter(target=hung, status="pending").count() == 40
-        assert engine.busy_workers() == 2
+        assert runner.workers.busy() == 2
         sink.hang.set()  # let the hung requests go so shutdown is quick
-    assert engine.inflight.held() == 0
+    assert runner.engine.inflight.held() == 0
 
 
 def test_no_duplicates_with_intake_retries_and_ticks_racing(entrypoint, make_target, sink):
@@ -62,10 +62,10 @@ def test_no_duplicates_with_intake_retries_and_ticks_racing(entrypoint, make_tar
         backoff_base=0.01,
         backoff_cap=0.05,
         breaker_cooldown=0.05,
-    ) as engine:
+    ) as runner:
         store(entrypoint, n=100)  # while it runs, through intake
         wait_until(all_finished, timeout=120, message="all deliveries to finish")
-    assert engine.inflight.held() == 0
+    assert runner.engine.inflight.held() == 0
     # Failures are scripted in a row, not per delivery: a few may run out of retries.
     assert Delivery.objects.filter(status="delivered").count() >= 350
     # Every request the sink saw is one recorded attempt, and vice versa.
@@ -83,9 +83,9 @@ def test_stop_finishes_running_attempts_and_releases_everything(entrypoint, make
     make_target(url=sink.url("/slowish"), name="slow", max_retries=3)
     sink.always("/slowish", 500)
     store(entrypoint, n=30)
-    with RunningEngine(workers=2, backoff_base=30) as engine:
-        wait_until(lambda: engine.scheduler.pending() >= 2, message="retries scheduled")
-    assert engine.inflight.held() == 0
+    with RunningEngine(workers=2, backoff_base=30) as runner:
+        wait_until(lambda: runner.engine.scheduler.pending() >= 2, message="retries scheduled")
+    assert runner.engine.inflight.held() == 0
     retrying = Delivery.objects.filter(status="retrying")
     assert retrying.count() >= 2
     assert all(d.next_attempt_at is not None for d in retrying)
@@ -104,8 +104,8 @@ def test_the_running_engine_prunes_old_events(entrypoint, make_target):
     old, young = store(entrypoint, n=2)
     Delivery.objects.update(status="delivered", attempts=1)
     Event.objects.filter(pk=old.pk).update(received_at=timezone.now() - datetime.timedelta(days=31))
-    runner = RunningEngine()
-    runner.engine.PRUNE_FIRST = 0.05  # instead of a minute after start
-    with runner:
+    running = RunningEngine()
+    running.runner.housekeeping.first = 0.05  # instead of a minute after start
+    with running:
         wait_until(lambda: not Event.objects.filter(pk=old.pk).exists(), message="retention to run")
     assert Event.objects.filter(pk=young.pk).exists()

@@ -14,7 +14,7 @@ import threading
 from django.db.models import BinaryField, Case, F, Value, When
 
 from deliveries.engine.task import INLINE_BODY_LIMIT, Task
-from deliveries.models import Delivery
+from deliveries.models import Delivery, Event
 
 # What a claimant reads about each candidate before claiming it.
 CANDIDATE_FIELDS = ("id", "status", "target_id", "target__max_queue_size")
@@ -144,6 +144,17 @@ def load_tasks(ids) -> list[Task]:
                 )
             )
     return tasks
+
+
+def read_body(task: Task) -> bytes:
+    """The task's body: carried inline when small, else read now.
+
+    Target types never touch the database; the engine hands them the bytes.
+    """
+    if task.body is not None:
+        return task.body
+    body = Event.objects.filter(id=task.event_id).values_list("body", flat=True).first()
+    return bytes(body) if body is not None else b""
 
 
 class Overflow:

@@ -1,4 +1,5 @@
-"""The engine's heartbeat row, read by the admin and /.well-known/healthcheck."""
+"""The engine's heartbeat row, read by the admin, /metrics and the healthcheck
+(EngineStatus decides from it whether the engine is alive)."""
 
 import os
 import socket
@@ -8,19 +9,17 @@ from django.utils import timezone
 from deliveries.models import EngineStatus
 
 
-def beat(engine, *, starting=False, stopped=False) -> None:
+def beat(name: str, gauges: dict, *, starting=False, stopped=False) -> None:
+    """Record that the engine `name` is alive now, with its `gauges`
+    (runner.Runner.gauges: channel depth, inflight, busy workers, ...)."""
     now = timezone.now()
     values = {
         "pid": os.getpid(),
         "hostname": socket.gethostname()[:255],
         "heartbeat_at": now,
-        "channel_depth": engine.channel.depth(),
-        "inflight": engine.inflight.held(),
-        "busy_workers": engine.busy_workers(),
-        "workers": engine.workers,
-        "open_breakers": engine.breakers.open_count(),
         "stopped_at": now if stopped else None,
+        **gauges,
     }
     if starting:
         values["started_at"] = now
-    EngineStatus.objects.update_or_create(name=engine.name, defaults=values)
+    EngineStatus.objects.update_or_create(name=name, defaults=values)

@@ -35,6 +35,11 @@ class RetryScheduler:
         with self._cond:
             return len(self._heap)
 
+    def scheduled(self) -> list:
+        """(due, task) for every waiting task, soonest first."""
+        with self._cond:
+            return [(due, task) for due, _, task in sorted(self._heap)]
+
     def release_due(self) -> int:
         """Move every due task to the channel; return how many moved."""
         moved = 0

@@ -2,8 +2,8 @@
 
 Workers never share model instances between threads: a Task holds ids and values
 read once by the claimant. Small bodies ride along; large ones are read by the
-worker at attempt time, so the channel's memory stays bounded however big events
-are (the Go original's 16 KiB threshold).
+engine just before the attempt, so the channel's memory stays bounded however big
+events are (the Go original's 16 KiB threshold).
 """
 
 from __future__ import annotations
@@ -34,15 +34,9 @@ class Task:
     content_type: str
     body_size: int
     received_at: datetime.datetime
+    # The body when it is at most INLINE_BODY_LIMIT bytes; None: the engine reads
+    # it at attempt time (claims.read_body).
     body: bytes | None = field(default=None, repr=False)
-    # (outcome, status, delay, duration_ms) of an attempt whose result could not
-    # be written yet; the next turn writes it instead of attempting again.
-    unwritten: tuple | None = field(default=None, repr=False)
-
-    def load_body(self) -> bytes:
-        if self.body is not None:
-            return self.body
-        from deliveries.models import Event
-
-        body = Event.objects.filter(id=self.event_id).values_list("body", flat=True).first()
-        return bytes(body) if body is not None else b""
+    # An attempt whose result could not be written yet (attempts.AttemptResult);
+    # the next turn writes it instead of attempting again.
+    unwritten: object | None = field(default=None, repr=False)

@@ -7,31 +7,47 @@ attempt), then lets each delivery go or schedules its retry. A result is still
 committed before its delivery's last reference is released (invariant 4).
 """
 
+from __future__ import annotations
+
 import datetime
+import enum
 import logging
 import queue
+from collections.abc import Callable
 
 from django.db import connection, transaction
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
+from deliveries.engine.attempts import AttemptResult
 from deliveries.models import Delivery, DeliveryResult
 
 logger = logging.getLogger("deliveries.engine")
 
 
+class Written(enum.Enum):
+    """What became of a result handed to the writer."""
+
+    # The attempt and the delivery's new status are committed.
+    COMMITTED = "committed"
+    # The delivery was deleted meanwhile (its event pruned, its target removed):
+    # there is nothing to write and nothing more to do.
+    GONE = "gone"
+    # The database failed: the result is kept and written later, and the
+    # attempt itself is never sent again meanwhile.
+    FAILED = "failed"
+
+
 class ResultWriter:
     MAX_BATCH = 500
 
-    def __init__(self, *, on_written):
-        # on_written(item, written): written is True, False (the delivery is gone)
-        # or None (the database failed; try again later).
+    def __init__(self, *, on_written: Callable[[AttemptResult, Written], None]):
         self.on_written = on_written
         self._queue = queue.SimpleQueue()
         self.running = False
 
-    def submit(self, item) -> None:
-        self._queue.put(item)
+    def submit(self, result: AttemptResult) -> None:
+        self._queue.put(result)
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -58,21 +74,22 @@ class ResultWriter:
         finally:
             self.running = False
 
-    def write(self, batch) -> None:
-        """Commit a batch of (task, outcome, status, delay, duration_ms)."""
+    def write(self, batch: list[AttemptResult]) -> None:
+        """Commit a batch of results, then tell `on_written` what became of each."""
         try:
-            written = write_results(batch)
+            existing = write_results(batch)
         except DatabaseError:
             logger.warning("writing %d results failed; will retry", len(batch), exc_info=True)
             connection.close()
-            for item in batch:
-                self.on_written(item, None)
+            for result in batch:
+                self.on_written(result, Written.FAILED)
             return
-        for item in batch:
-            self.on_written(item, item[0].delivery_id in written)
+        for result in batch:
+            gone = result.task.delivery_id not in existing
+            self.on_written(result, Written.GONE if gone else Written.COMMITTED)
 
 
-def write_results(batch) -> set[int]:
+def write_results(batch: list[AttemptResult]) -> set[int]:
     """One transaction for the whole batch; return the ids that still existed.
 
     Statuses are written with an UPDATE per delivery, so columns other processes
@@ -82,31 +99,32 @@ def write_results(batch) -> set[int]:
     ops = connection.ops
     table = connection.ops.quote_name(Delivery._meta.db_table)
     with transaction.atomic():
-        ids = [item[0].delivery_id for item in batch]
+        ids = [result.task.delivery_id for result in batch]
         existing = set(Delivery.objects.filter(id__in=ids).values_list("id", flat=True))
-        rows, results = [], []
-        for task, outcome, status, delay, duration_ms in batch:
-            if task.delivery_id not in existing:
+        rows, records = [], []
+        for result in batch:
+            delivery_id, outcome, delay = result.task.delivery_id, result.outcome, result.delay
+            if delivery_id not in existing:
                 continue
             next_at = now + datetime.timedelta(seconds=delay) if delay is not None else None
             rows.append(
                 (
-                    status,
-                    task.attempts + 1,
+                    result.status,
+                    result.number,
                     ops.adapt_datetimefield_value(next_at),
                     ops.adapt_datetimefield_value(now),
-                    task.delivery_id,
+                    delivery_id,
                 )
             )
-            results.append(
+            records.append(
                 DeliveryResult(
-                    delivery_id=task.delivery_id,
-                    attempt=task.attempts + 1,
+                    delivery_id=delivery_id,
+                    attempt=result.number,
                     success=outcome.success,
                     status_code=outcome.status_code,
                     response_body=outcome.response_body[: DeliveryResult.RESPONSE_BODY_LIMIT],
                     error=outcome.error[:2000],
-                    duration_ms=duration_ms,
+                    duration_ms=result.duration_ms,
                     created_at=now,
                 )
             )
@@ -117,5 +135,5 @@ def write_results(batch) -> set[int]:
                     "updated_at = %s WHERE id = %s",
                     rows,
                 )
-            DeliveryResult.objects.bulk_create(results)
+            DeliveryResult.objects.bulk_create(records)
     return existing

@@ -7,8 +7,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
+from deliveries.engine.config import EngineConfig
 from deliveries.engine.core import Engine
 from deliveries.engine.lock import EngineLock, EngineLocked
+from deliveries.engine.runner import Runner
 from deliveries.engine.wakeup import PostgresListener, SocketListener
 from deliveries.wake import socket_path
 
@@ -56,15 +58,16 @@ class Command(BaseCommand):
         except EngineLocked as exc:
             raise CommandError(str(exc)) from None
         try:
-            engine = Engine.from_settings(
+            config = EngineConfig.from_settings(
                 workers=options["workers"], channel_size=options["channel_size"]
             )
+            engine = Engine(config)
             self._install_signals(engine)
             if connection.vendor == "postgresql":
                 listener = PostgresListener("default", engine.wake_event, engine.stop_event)
             else:
                 listener = SocketListener(socket_path(), engine.wake_event)
-            code = engine.run(once=options["once"], listener=listener, lock=lock)
+            code = Runner(engine, lock=lock, listener=listener).run(once=options["once"])
         finally:
             lock.release()
         if code:

@@ -1,0 +1,49 @@
+"""The engine's settings, in one object.
+
+Built from Django settings by `rundelivery` (`EngineConfig.from_settings()`), or
+directly by tests with only the values they care about.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from django.conf import settings
+
+from deliveries.engine.breaker import CircuitBreaker
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    workers: int = 10
+    channel_size: int = 10_000
+    # Seconds between intake passes when no wake hint arrives.
+    poll_interval: float = 1.0
+    recovery_interval: float = 60.0
+    # A pending delivery untouched this long is taken by the recovery tick.
+    stale_after: float = 900.0
+    recovery_batch: int = 500
+    # Workers one target may occupy at once (invariant 7).
+    target_concurrency: int = 4
+    backoff_base: float = 1.0
+    backoff_cap: float = 3600.0
+    breaker_cooldown: float = CircuitBreaker.COOLDOWN
+    # The heartbeat row's name.
+    name: str = "default"
+
+    @classmethod
+    def from_settings(cls, **overrides) -> EngineConfig:
+        """The DELIVERY_* settings, with `overrides` (None values ignored) on top."""
+        values = {
+            "workers": settings.DELIVERY_WORKERS,
+            "channel_size": settings.DELIVERY_CHANNEL_SIZE,
+            "poll_interval": settings.DELIVERY_POLL_INTERVAL,
+            "recovery_interval": settings.DELIVERY_RECOVERY_INTERVAL,
+            "stale_after": settings.DELIVERY_STALE_AFTER,
+            "recovery_batch": settings.DELIVERY_RECOVERY_BATCH,
+            "target_concurrency": settings.DELIVERY_TARGET_CONCURRENCY,
+            "backoff_base": settings.DELIVERY_BACKOFF_BASE,
+            "backoff_cap": settings.DELIVERY_BACKOFF_CAP,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)

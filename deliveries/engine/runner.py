@@ -1,0 +1,286 @@
+"""The engine's threads: each one a small loop with its own stop condition.
+
+| thread       | loop                          | stops when                          |
+|--------------|-------------------------------|-------------------------------------|
+| worker-n     | Workers.run: channel → process | the engine stops                   |
+| intake       | IntakeLoop: woken or polling  | the engine stops                    |
+| recovery     | Every(recovery_interval)      | the engine stops                    |
+| heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops (or the lock goes) |
+| housekeeping | Every(daily, first after 60 s)| the engine stops                    |
+| scheduler    | RetryScheduler.run            | scheduler.stop() in shutdown        |
+| writer       | ResultWriter.run              | its stop event, once nothing is left|
+
+`Runner.shutdown` stops them in the order invariant 8 needs: claimants first,
+then the running attempts, then the writer with their results.
+"""
+
+import logging
+import threading
+import time
+
+from django.db import connection
+
+from deliveries.engine import heartbeat
+from deliveries.engine.core import Engine
+from deliveries.models import EngineStatus
+from deliveries.retention import prune_events
+
+logger = logging.getLogger("deliveries.engine")
+
+
+def guarded(step, what: str, stop_event: threading.Event):
+    """Run one step; a failure is logged and retried later, never fatal."""
+    try:
+        return step()
+    except Exception:
+        logger.exception("%s failed; retrying", what)
+        connection.close()
+        stop_event.wait(1.0)
+        return 0
+
+
+class Every:
+    """Run `step` every `interval` seconds, the first time after `first`."""
+
+    def __init__(self, name, step, *, stop_event, interval: float, first: float | None = None):
+        self.name = name
+        self.step = step
+        self.stop_event = stop_event
+        self.interval = interval
+        self.first = interval if first is None else first
+
+    def run(self) -> None:
+        wait = self.first
+        while not self.stop_event.wait(wait):
+            wait = self.interval
+            # Long-lived threads get no request signals: drop a connection that
+            # broke or outlived CONN_MAX_AGE here, before it fails a query.
+            connection.close_if_unusable_or_obsolete()
+            guarded(self.step, self.name, self.stop_event)
+
+
+class IntakeLoop:
+    """Intake passes back to back while they find work, then wait for a hint or
+    the poll interval."""
+
+    name = "intake"
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def run(self) -> None:
+        engine = self.engine
+        stop = engine.stop_event
+        while not stop.is_set():
+            connection.close_if_unusable_or_obsolete()
+            while (guarded(engine.intake_once, "intake", stop) or engine.intake.more) and (
+                not stop.is_set()
+            ):
+                pass
+            engine.wake_event.wait(engine.config.poll_interval)
+            engine.wake_event.clear()
+
+
+class Workers:
+    """The worker threads' loop, and how many of them are attempting right now."""
+
+    # How often an idle worker looks up from the channel to see whether to stop.
+    WAKE = 0.5
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    def busy(self) -> int:
+        with self._lock:
+            return self._busy
+
+    def run(self) -> None:
+        engine = self.engine
+        while not engine.stop_event.is_set():
+            task = engine.channel.get(self.WAKE)
+            if task is None:
+                continue
+            connection.close_if_unusable_or_obsolete()
+            with self._lock:
+                self._busy += 1
+            try:
+                engine.process(task)
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+
+class Runner:
+    # Graceful stop waits this long for running attempts: the longest per-target
+    # timeout a config may set, plus a margin.
+    DRAIN_TIMEOUT = 310.0
+    # Retention runs a minute after start, then daily.
+    PRUNE_FIRST = 60.0
+    PRUNE_INTERVAL = 24 * 3600.0
+
+    def __init__(self, engine: Engine, *, lock=None, listener=None):
+        self.engine = engine
+        # The engine lock (lock.EngineLock): checked on every heartbeat.
+        self.lock = lock
+        # The wake hint's listener (wakeup.py), started and stopped with the engine.
+        self.listener = listener
+        # 0, or 1 once the engine lock was lost while running.
+        self.exit_code = 0
+        self.workers = Workers(engine)
+        self.writer_stop = threading.Event()
+        stop = engine.stop_event
+        self.intake = IntakeLoop(engine)
+        self.recovery = Every(
+            "recovery",
+            engine.recover_once,
+            stop_event=stop,
+            interval=engine.config.recovery_interval,
+        )
+        self.heartbeat = Every(
+            "heartbeat", self.beat, stop_event=stop, interval=EngineStatus.HEARTBEAT_INTERVAL
+        )
+        self.housekeeping = Every(
+            "housekeeping",
+            self.prune,
+            stop_event=stop,
+            interval=self.PRUNE_INTERVAL,
+            first=self.PRUNE_FIRST,
+        )
+        self._threads: dict[str, list[threading.Thread]] = {}
+
+    def run(self, *, once: bool = False) -> int:
+        """Recover, then run every part until stop() (or, with once, until idle).
+
+        Returns the exit code: 0, or 1 if the engine lock was lost while running.
+        """
+        engine = self.engine
+        heartbeat.beat(engine.config.name, self.gauges(), starting=True)
+        engine.recover_once(at_start=True)
+        self._spawn("scheduler", engine.scheduler.run)
+        engine.writer.running = True  # before any worker can finish an attempt
+        self._spawn("writer", lambda: engine.writer.run(self.writer_stop))
+        for n in range(engine.config.workers):
+            self._spawn("workers", self.workers.run, name=f"worker-{n}")
+        if once:  # no claimant but the caller's thread (_run_until_idle)
+            loops = [self.heartbeat]
+        else:
+            loops = [self.intake, self.recovery, self.heartbeat, self.housekeeping]
+        for loop in loops:
+            self._spawn(loop.name, loop.run)
+        if self.listener is not None:
+            self.listener.start()
+        try:
+            if once:
+                self._run_until_idle()
+            else:
+                engine.stop_event.wait()
+        finally:
+            try:
+                self.shutdown()
+            finally:
+                if self.listener is not None:
+                    self.listener.stop()
+        return self.exit_code
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Graceful stop (invariant 8): claimants first, then the running attempts."""
+        engine = self.engine
+        engine.stop()
+        timeout = self.DRAIN_TIMEOUT if timeout is None else timeout
+        for name in ("intake", "recovery"):
+            self._join(name, timeout)
+        for task in engine.scheduler.stop():
+            engine.release(task)  # stays `retrying` with its next_attempt_at
+        self._join("workers", timeout)
+        # Every running attempt has handed its result over: write them all.
+        self.writer_stop.set()
+        self._join("writer", timeout)
+        for task in engine.channel.drain() + engine.gate.drain_parked():
+            engine.release(task)  # never attempted: still `pending` in the database
+        self._join("scheduler", 1)
+        self._join("heartbeat", timeout)
+        self._join("housekeeping", timeout)
+        try:
+            connection.close_if_unusable_or_obsolete()
+            heartbeat.beat(engine.config.name, self.gauges(), stopped=True)
+        except Exception:
+            logger.warning("could not record the engine's stop", exc_info=True)
+        connection.close()
+
+    def idle(self) -> bool:
+        """Nothing queued, running or being written; only scheduled retries held."""
+        engine = self.engine
+        return (
+            engine.channel.depth() == 0
+            and self.workers.busy() == 0
+            and engine.writer.pending() == 0
+            and engine.inflight.held() == engine.scheduler.pending()
+        )
+
+    def gauges(self) -> dict:
+        """What the heartbeat row shows of the running engine."""
+        engine = self.engine
+        return {
+            "channel_depth": engine.channel.depth(),
+            "inflight": engine.inflight.held(),
+            "busy_workers": self.workers.busy(),
+            "workers": engine.config.workers,
+            "open_breakers": engine.breakers.open_count(),
+        }
+
+    # --- the loops' steps ----------------------------------------------------------
+
+    def beat(self) -> None:
+        if self.lock is not None and not self.lock.alive():
+            # Another engine may start now: two inflight sets would send
+            # duplicates, so this one stops.
+            logger.error("the engine lock was lost; stopping")
+            self.exit_code = 1
+            self.engine.stop()
+            return
+        heartbeat.beat(self.engine.config.name, self.gauges())
+
+    def prune(self) -> None:
+        removed = prune_events()
+        if removed:
+            logger.info(
+                "retention: pruned %d events, %d deliveries, %d results",
+                removed["events"],
+                removed["deliveries"],
+                removed["results"],
+            )
+
+    def _run_until_idle(self) -> None:
+        """For --once: intake from this thread until a pass finds nothing to do."""
+        engine = self.engine
+        while not engine.stop_event.is_set():
+            queued = guarded(engine.intake_once, "intake", engine.stop_event)
+            if not queued and self.idle():
+                return
+            engine.stop_event.wait(0.05)
+
+    # --- threads -------------------------------------------------------------------
+
+    def _spawn(self, group: str, target, name: str | None = None) -> None:
+        thread = threading.Thread(
+            target=self._thread_main, args=(target,), name=name or group, daemon=True
+        )
+        self._threads.setdefault(group, []).append(thread)
+        thread.start()
+
+    def _join(self, group: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads.get(group, []):
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def _thread_main(target) -> None:
+        try:
+            target()
+        finally:
+            connection.close()  # this thread's own connection
