@@ -18,9 +18,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+# The processes start as the end-to-end tests start them (tests/processes.py).
+from tests.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
+
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 BODY = json.dumps(
     {"id": "evt_" + "0" * 20, "type": "invoice.paid", "data": {"blob": "x" * 940}}
@@ -32,50 +37,12 @@ def log(message):
     print(f"# {message}", file=sys.stderr, flush=True)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout, message):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {message}")
-        time.sleep(0.05)
-    return value
-
-
 def percentile(values, p):
     values = sorted(values)
     if not values:
         return float("nan")
     k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
     return values[k]
-
-
-class Proc:
-    def __init__(self, name, argv, data_dir, env=None):
-        self.log_path = data_dir / f"{name}.log"
-        self.log_file = open(self.log_path, "ab")  # noqa: SIM115
-        self.popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
-            stdout=self.log_file,
-            stderr=subprocess.STDOUT,
-        )
-
-    def stop(self, sig=signal.SIGTERM, timeout=30):
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        self.log_file.close()
 
 
 class Nginx:
@@ -104,10 +71,9 @@ http {{
 }}""")
 
     def start(self):
-        self.proc = Proc(
-            "nginx", ["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)], self.dir
-        )
-        wait_until(lambda: _connectable(self.port), 10, "nginx")
+        argv = ["nginx", "-c", str(self.dir / "nginx.conf"), "-p", str(self.dir)]
+        self.proc = Process(argv, os.environ, self.dir / "nginx.log")
+        wait_until(lambda: _connectable(self.port), timeout=10, message="nginx")
         return self
 
     def url(self, path="/hook"):
@@ -160,35 +126,19 @@ class Blackhole:
             conn.close()
 
 
-def start_web(data_dir):
-    port = free_port()
-    web = Proc(
-        "gunicorn",
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "-c",
-            str(ROOT / "webhooker" / "gunicorn.conf.py"),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--access-logfile",
-            "/dev/null",
-            "webhooker.wsgi",
-        ],
-        data_dir,
-    )
-    wait_until(lambda: _connectable(port), 30, "gunicorn")
+def serve(data_dir):
+    """gunicorn with `make run`'s workers; returns (process, port) once every worker is warm."""
+    web, base = start_web(data_dir, workers=None)
+    port = urlsplit(base).port
     # Warm every worker's connection and imports before measuring.
     for _ in range(30):
         _post(port, "/bench/noop", BODY)
     return web, port
 
 
-def start_engine(data_dir, *args):
-    return Proc(
-        "rundelivery", [sys.executable, "manage.py", "rundelivery", "-v", "0", *args], data_dir
-    )
+def start_quiet_engine(data_dir):
+    # Per-delivery log lines would cost the engine time the figures should not include.
+    return start_engine(data_dir, verbosity=0)
 
 
 def _post(port, path, body):
@@ -314,8 +264,8 @@ def wait_delivered(ids, timeout):
             sum(Delivery.objects.filter(id__in=c, status="delivered").count() for c in chunks)
             == len(ids)
         ),
-        timeout,
-        f"{len(ids)} deliveries",
+        timeout=timeout,
+        message=f"{len(ids)} deliveries",
     )
 
 
@@ -353,7 +303,7 @@ def e2e(port, path, sink, rate, seconds, threads):
         got = sink.receipts()
         return all(c in got for c in codes) and got
 
-    received = wait_until(arrived, 120, "every event at the sink")
+    received = wait_until(arrived, timeout=120, message="every event at the sink")
     return [(received[c] - t) * 1000 for c, t in codes.items()]
 
 
@@ -369,12 +319,12 @@ def engine_rss(data_dir, webhook_factory, n):
         config={"url": f"http://127.0.0.1:{hole.port}/", "timeout": 300},
     )
     backlog(webhook, target, n)
-    engine = start_engine(data_dir)
+    engine = start_quiet_engine(data_dir)
     try:
         wait_until(
             lambda: EngineStatus.objects.filter(inflight__gte=n, stopped_at=None).exists(),
-            120,
-            "the engine to hold every task",
+            timeout=120,
+            message="the engine to hold every task",
         )
         status = Path(f"/proc/{engine.popen.pid}/status").read_text()
         rss_kb = int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
@@ -404,7 +354,7 @@ def main():
 
     figures = {}
     sink = Nginx(data_dir).start()
-    web, port = start_web(data_dir)
+    web, port = serve(data_dir)
     engine = None
     try:
         # --- ingest -------------------------------------------------------------
@@ -444,7 +394,7 @@ def main():
         )
         ids = backlog(out_hook, target, n)
         log(f"delivery: a backlog of {n} to nginx, then the requests ceiling")
-        engine = start_engine(data_dir)
+        engine = start_quiet_engine(data_dir)
         wait_delivered(ids, 600)
         figures["delivery_rps"] = drained_rate(ids)
         figures["http_ceiling_rps"] = ceiling(sink.url("/ceiling"), n)
@@ -487,8 +437,7 @@ def celery(data_dir, webhook_factory, sink, port, n, delivery_rps):
     from deliveries.models import Target
 
     redis.Redis.from_url(os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15")).flushdb()
-    worker = Proc(
-        "celery",
+    worker = Process(
         [
             sys.executable,
             "-m",
@@ -506,7 +455,8 @@ def celery(data_dir, webhook_factory, sink, port, n, delivery_rps):
             "--without-gossip",
             "--without-mingle",
         ],
-        data_dir,
+        os.environ,
+        data_dir / "celery.log",
     )
     try:
         hook = webhook_factory("celery")

@@ -1,15 +1,21 @@
-"""Starting real gunicorn and rundelivery processes against the test database."""
+"""Starting real gunicorn and rundelivery processes against this process's database.
+
+The end-to-end tests and the benchmarks (bench/suite.py) both start their processes
+here, with the command lines `manage.py serve` uses, so both measure and check what
+`make run` serves. Nothing here needs pytest.
+"""
 
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import requests
 from django.db import connection
+
+from deliveries.management.commands.serve import gunicorn_command, rundelivery_command
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,13 +47,15 @@ def free_port() -> int:
 
 
 def process_env(data_dir, **extra) -> dict:
+    """This process's environment, settings module and database, in `data_dir`."""
     env = dict(os.environ)
     # Each test's processes count into their own DATA_DIR/metrics.
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     env.update(
         DATA_DIR=str(data_dir),
         DATABASE_URL=database_url(),
-        DJANGO_SETTINGS_MODULE="webhooker.settings",
+        # bench.settings under the benchmarks.
+        DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "webhooker.settings"),
         PYTHONUNBUFFERED="1",
         WEBHOOKER_ALLOWED_TARGET_NETWORKS="127.0.0.0/8",
     )
@@ -56,6 +64,8 @@ def process_env(data_dir, **extra) -> dict:
 
 
 class Process:
+    """A child process whose output goes to `log_path`."""
+
     def __init__(self, argv, env, log_path):
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
@@ -88,38 +98,41 @@ class Process:
         return self.popen.returncode
 
 
-def start_web(data_dir, *, workers=2, **env):
-    port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "-c",
-        str(ROOT / "webhooker" / "gunicorn.conf.py"),
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        str(workers),
-        "--access-logfile",
-        "/dev/null",
-        "webhooker.wsgi",
-    ]
-    proc = Process(argv, process_env(data_dir, **env), Path(data_dir) / f"gunicorn-{port}.log")
-    base = f"http://127.0.0.1:{port}"
+def wait_answering(url, process: Process, timeout=30.0):
+    """Poll `url` until it answers 200; fail at once, with its log, if `process` exits.
+
+    A first answer can be slow on a loaded machine (workers still importing), so a
+    timed-out request counts as "not yet", like a refused connection.
+    """
 
     def ready():
-        if proc.popen.poll() is not None:
-            raise AssertionError(f"gunicorn exited:\n{proc.log()}")
+        if process.popen.poll() is not None:
+            raise AssertionError(f"{process.log_path.name}: exited\n{process.log()}")
         try:
-            return requests.get(base + "/admin/login/", timeout=1).status_code == 200
-        except requests.ConnectionError:
+            return requests.get(url, timeout=5).status_code == 200
+        except requests.RequestException:
             return False
 
-    wait_until(ready, timeout=30, message="gunicorn to answer")
+    wait_until(ready, timeout=timeout, message=f"{url} to answer")
+
+
+def start_web(data_dir, *, workers=2, **env):
+    """gunicorn on a free loopback port; returns (process, base URL) once it answers.
+
+    `workers=None` keeps gunicorn.conf.py's count.
+    """
+    port = free_port()
+    options = ["--bind", f"127.0.0.1:{port}", "--access-logfile", "/dev/null"]
+    if workers is not None:
+        options += ["--workers", str(workers)]
+    log_path = Path(data_dir) / f"gunicorn-{port}.log"
+    proc = Process(gunicorn_command(*options), process_env(data_dir, **env), log_path)
+    base = f"http://127.0.0.1:{port}"
+    wait_answering(base + "/admin/login/", proc)
     return proc, base
 
 
-def start_engine(data_dir, *args, **env):
-    argv = [sys.executable, str(ROOT / "manage.py"), "rundelivery", "-v", "2", *args]
+def start_engine(data_dir, *args, verbosity=2, **env):
+    argv = rundelivery_command("-v", str(verbosity), *args)
     n = len(list(Path(data_dir).glob("rundelivery-*.log")))
     return Process(argv, process_env(data_dir, **env), Path(data_dir) / f"rundelivery-{n}.log")

@@ -12,7 +12,15 @@ import pytest
 import requests
 
 from deliveries.models import Delivery, EngineStatus
-from tests.processes import ROOT, free_port, process_env, start_engine, start_web, wait_until
+from tests.processes import (
+    Process,
+    free_port,
+    process_env,
+    start_engine,
+    start_web,
+    wait_answering,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
 
@@ -129,23 +137,9 @@ def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, 
 def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
     port = free_port()
     env = process_env(data_dir, WEBHOOKER_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY=1)
-    serve = subprocess.Popen(
-        [sys.executable, "manage.py", "serve"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    serve = Process([sys.executable, "manage.py", "serve"], env, data_dir / "serve.log")
     try:
-
-        def up():
-            try:
-                return requests.get(f"http://127.0.0.1:{port}/admin/login/", timeout=1).ok
-            except requests.ConnectionError:
-                return False
-
-        wait_until(up, timeout=30, message="serve's gunicorn")
+        wait_answering(f"http://127.0.0.1:{port}/admin/login/", serve)
         wait_until(
             lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
         )
@@ -153,15 +147,14 @@ def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
             ["pgrep", "-P", str(serve.pid)], capture_output=True, text=True
         ).stdout.split()
         assert len(children) == 2
-        serve.send_signal(signal.SIGINT)
-        output, _ = serve.communicate(timeout=60)
+        serve.send(signal.SIGINT)
+        returncode = serve.wait(60)
     finally:
-        if serve.poll() is None:
-            serve.kill()
-    assert serve.returncode == 0, output
+        serve.stop(signal.SIGKILL)
+    assert returncode == 0, serve.log()
     for pid in children:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), f"{pid} left running"
-    assert re.search(r"finishing running attempts", output)
+    assert re.search(r"finishing running attempts", serve.log())
 
 
 def _zombie(pid):

@@ -9,6 +9,20 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 
+def gunicorn_command(*options):
+    """The web side's command line; `options` (e.g. --bind) override gunicorn.conf.py.
+
+    The end-to-end tests and the benchmarks start gunicorn with this too, so they
+    exercise the configuration `make run` serves.
+    """
+    config = settings.BASE_DIR / "webhooker" / "gunicorn.conf.py"
+    return [sys.executable, "-m", "gunicorn", "-c", str(config), *options, "webhooker.wsgi"]
+
+
+def rundelivery_command(*args):
+    return [sys.executable, str(settings.BASE_DIR / "manage.py"), "rundelivery", *args]
+
+
 class Command(BaseCommand):
     help = (
         "Run the web side (gunicorn) and the delivery engine (rundelivery) together. "
@@ -17,17 +31,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         base = settings.BASE_DIR
-        commands = {
-            "gunicorn": [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "-c",
-                str(base / "webhooker" / "gunicorn.conf.py"),
-                "webhooker.wsgi",
-            ],
-            "rundelivery": [sys.executable, str(base / "manage.py"), "rundelivery"],
-        }
+        commands = {"gunicorn": gunicorn_command(), "rundelivery": rundelivery_command()}
         # Counters start from zero with the processes that count them: files left by
         # an earlier run's processes would add their totals to this run's forever.
         metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
