@@ -2,9 +2,10 @@
 
 Every admin here is scoped by ownership: a staff user who is not a superuser sees
 and changes only the webhooks they own, and only those webhooks' entrypoints,
-targets, events and deliveries. The scope is applied in get_queryset, which the
-change list, change pages, actions, filters and autocomplete all go through; a
-guessed URL of another user's object answers 404 rather than the admin's usual
+targets, events and deliveries. The rule is the models' visible_to(); OwnedAdmin
+applies it in get_queryset, which the change list, change pages, actions and
+autocomplete all go through, and the list filters offer only what it lets through.
+A guessed URL of another user's object answers 404 rather than the admin's usual
 redirect.
 """
 
@@ -13,9 +14,9 @@ import json
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.paginator import Paginator
-from django.db import connection, transaction
-from django.db.models import Count, Exists, F, Func, IntegerField, OuterRef, Subquery
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery
 from django.http import Http404, HttpResponse
 from django.template.defaultfilters import filesizeformat
 from django.urls import path, reverse
@@ -23,7 +24,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from deliveries import ssrf, wake
+from deliveries import ssrf
 from deliveries.forms import TargetForm
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 
@@ -57,13 +58,8 @@ class CappedCountPaginator(Paginator):
 class OwnedAdmin(admin.ModelAdmin):
     """Scopes every query to the requesting user's webhooks."""
 
-    owner_path = "webhook__owner"
-
     def get_queryset(self, request):
-        queryset = super().get_queryset(request)
-        if request.user.is_superuser:
-            return queryset
-        return queryset.filter(**{self.owner_path: request.user})
+        return super().get_queryset(request).visible_to(request.user)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)
@@ -152,7 +148,6 @@ def _subcount(queryset):
 
 @admin.register(Webhook)
 class WebhookAdmin(OwnedAdmin):
-    owner_path = "owner"
     list_display = ["name", "health", "events_24h", "failing", "targets_count", "created_at"]
     list_filter = [HealthFilter]
     search_fields = ["name", "description"]
@@ -308,9 +303,7 @@ class WebhookFilter(admin.SimpleListFilter):
     field = "webhook"
 
     def lookups(self, request, model_admin):
-        webhooks = Webhook.objects.order_by("name")
-        if not request.user.is_superuser:
-            webhooks = webhooks.filter(owner=request.user)
+        webhooks = Webhook.objects.visible_to(request.user).order_by("name")
         return list(webhooks.values_list("pk", "name"))
 
     def queryset(self, request, queryset):
@@ -344,6 +337,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         ("Headers", {"fields": ["headers_table"]}),
         ("Body", {"fields": ["body_view"]}),
     ]
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     class Media:
         css = {"all": ["deliveries/admin.css"]}
@@ -355,20 +349,6 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
             # The list never shows bodies or headers: don't read megabytes per page.
             queryset = queryset.defer("body", "headers")
         return queryset
-
-    def get_readonly_fields(self, request, obj=None):
-        return [
-            "code",
-            "webhook",
-            "entrypoint",
-            "received_at",
-            "method",
-            "content_type",
-            "size",
-            "remote_addr",
-            "headers_table",
-            "body_view",
-        ]
 
     def get_urls(self):
         return [
@@ -414,7 +394,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
 
     @admin.action(description="Replay selected events to their targets")
     def replay(self, request, queryset):
-        reset, created = replay_events(queryset)
+        reset, created = queryset.replay()
         self.message_user(
             request,
             f"Queued {reset + created} deliveries: {reset} redelivered, {created} new for "
@@ -449,50 +429,6 @@ def render_body(body: bytes):
     return format_html('<pre class="wh-body wh-hex">{}{}</pre>', "\n".join(lines), cut)
 
 
-def replay_events(events):
-    """Set every finished delivery of `events` back to pending and add deliveries for
-    active targets that have none yet. Set-based: a few queries for any number."""
-    now = timezone.now()
-    event_ids = events.values("pk")
-    with transaction.atomic():
-        reset = Delivery.objects.filter(
-            event__in=event_ids, status__in=[Delivery.Status.DELIVERED, Delivery.Status.FAILED]
-        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=now)
-        missing = (
-            Event.objects.filter(pk__in=event_ids)
-            .filter(webhook__targets__active=True)
-            .annotate(target_id=F("webhook__targets__id"))
-            .exclude(
-                Exists(Delivery.objects.filter(event=OuterRef("pk"), target=OuterRef("target_id")))
-            )
-            .values_list("pk", "target_id")
-        )
-        created = len(
-            Delivery.objects.bulk_create(
-                [
-                    Delivery(event_id=e, target_id=t, created_at=now, updated_at=now)
-                    for e, t in missing.iterator(chunk_size=2000)
-                ],
-                batch_size=1000,
-                ignore_conflicts=True,
-            )
-        )
-        if reset or created:
-            wake.notify_on_commit(connection)
-    return reset, created
-
-
-def redeliver(deliveries):
-    """Set finished deliveries back to pending, keeping attempts and history."""
-    with transaction.atomic():
-        queued = deliveries.filter(
-            status__in=[Delivery.Status.DELIVERED, Delivery.Status.FAILED]
-        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=timezone.now())
-        if queued:
-            wake.notify_on_commit(connection)
-    return queued
-
-
 # --- deliveries ----------------------------------------------------------------
 
 
@@ -505,9 +441,11 @@ class TargetFilter(admin.SimpleListFilter):
     parameter_name = "target"
 
     def lookups(self, request, model_admin):
-        targets = Target.objects.select_related("webhook").order_by("webhook__name", "name")
-        if not request.user.is_superuser:
-            targets = targets.filter(webhook__owner=request.user)
+        targets = (
+            Target.objects.visible_to(request.user)
+            .select_related("webhook")
+            .order_by("webhook__name", "name")
+        )
         webhook = parse_id(request.GET.get("webhook"))
         if webhook:
             targets = targets.filter(webhook_id=webhook)
@@ -549,7 +487,6 @@ class DeliveryResultInline(ReadOnlyInline):
 
 @admin.register(Delivery)
 class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
-    owner_path = "target__webhook__owner"
     list_display = [
         "id",
         "badge",
@@ -585,12 +522,10 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
         "created_at",
         "updated_at",
     ]
+    readonly_fields = fields
 
     class Media:
         css = {"all": ["deliveries/admin.css"]}
-
-    def get_readonly_fields(self, request, obj=None):
-        return self.fields
 
     def get_queryset(self, request):
         last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
@@ -628,7 +563,7 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     @admin.action(description="Redeliver selected deliveries")
     def redeliver(self, request, queryset):
         total = queryset.count()
-        queued = redeliver(queryset)
+        queued = queryset.redeliver()
         skipped = total - queued
         note = f" {skipped} pending or retrying were already on their way." if skipped else ""
         self.message_user(

@@ -1,7 +1,6 @@
 """Figures for the admin index: the engine's heartbeat and the last 24 hours."""
 
 import datetime
-from dataclasses import dataclass
 
 from django.db.models import Count, Q
 from django.db.models.functions import TruncHour
@@ -10,51 +9,20 @@ from django.utils import timezone
 from deliveries.models import Delivery, EngineStatus, Target
 
 HOURS = 24
-# A heartbeat older than this means the engine is gone (it beats every 5 s).
-STALE_HEARTBEAT = datetime.timedelta(seconds=30)
 
 
-@dataclass
-class Engine:
-    status: EngineStatus | None
-    age: datetime.timedelta | None
-    uptime: datetime.timedelta | None
-    alive: bool
-
-
-def engine_status(now=None) -> Engine:
-    now = now or timezone.now()
-    status = EngineStatus.objects.filter(name="default").first()
-    if status is None or status.heartbeat_at is None:
-        return Engine(status, None, None, False)
-    age = now - status.heartbeat_at
-    alive = status.stopped_at is None and age <= STALE_HEARTBEAT
-    uptime = now - status.started_at if alive and status.started_at else None
-    return Engine(status, age, uptime, alive)
-
-
-def deliveries_for(user):
-    deliveries = Delivery.objects.all()
-    if not user.is_superuser:
-        deliveries = deliveries.filter(target__webhook__owner=user)
-    return deliveries
-
-
-def status_counts(user, since):
-    rows = (
-        deliveries_for(user).filter(updated_at__gte=since).values("status").annotate(n=Count("id"))
-    )
+def status_counts(deliveries, since):
+    rows = deliveries.filter(updated_at__gte=since).values("status").annotate(n=Count("id"))
     counts = {status: 0 for status in Delivery.Status.values}
     counts.update({row["status"]: row["n"] for row in rows})
     return counts
 
 
-def hourly(user, now):
+def hourly(deliveries, now):
     """Delivered and failed deliveries per hour, oldest first, as SVG bar geometry."""
     start = (now - datetime.timedelta(hours=HOURS - 1)).replace(minute=0, second=0, microsecond=0)
     rows = (
-        deliveries_for(user)
-        .filter(updated_at__gte=start, status__in=["delivered", "failed"])
+        deliveries.filter(updated_at__gte=start, status__in=Delivery.FINISHED)
         .annotate(hour=TruncHour("updated_at"))
         .values("hour", "status")
         .annotate(n=Count("id"))
@@ -95,11 +63,10 @@ def hourly(user, now):
     }
 
 
-def failing_targets(user, since, limit=5):
+def failing_targets(deliveries, since, limit=5):
     """The targets with the most failed (24 h) and retrying deliveries."""
     rows = list(
-        deliveries_for(user)
-        .filter(Q(status="failed", updated_at__gte=since) | Q(status="retrying"))
+        deliveries.filter(Q(status="failed", updated_at__gte=since) | Q(status="retrying"))
         .values("target")
         .annotate(
             failed=Count("id", filter=Q(status="failed")),
@@ -107,6 +74,7 @@ def failing_targets(user, since, limit=5):
         )
         .order_by("-failed", "-retrying")[:limit]
     )
+    # The ids come from `deliveries`, already limited to what the user may see.
     targets = Target.objects.select_related("webhook").in_bulk([r["target"] for r in rows])
     return [
         {"target": targets[r["target"]], "failed": r["failed"], "retrying": r["retrying"]}
@@ -118,9 +86,12 @@ def failing_targets(user, since, limit=5):
 def context(user, now=None):
     now = now or timezone.now()
     since = now - datetime.timedelta(hours=HOURS)
+    engine = EngineStatus.objects.current()
+    deliveries = Delivery.objects.visible_to(user)
     return {
-        "engine": engine_status(now),
-        "status_counts": status_counts(user, since),
-        "chart": hourly(user, now),
-        "failing_targets": failing_targets(user, since),
+        "engine": engine,
+        "engine_alive": engine.alive(now),
+        "status_counts": status_counts(deliveries, since),
+        "chart": hourly(deliveries, now),
+        "failing_targets": failing_targets(deliveries, since),
     }

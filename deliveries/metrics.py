@@ -11,6 +11,8 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
 
+from deliveries.models import EngineStatus
+
 EVENTS = Counter("webhooker_events_received_total", "Events received and stored.", ["webhook"])
 EVENT_BYTES = Histogram(
     "webhooker_event_body_bytes",
@@ -46,22 +48,22 @@ class EngineCollector:
     """The engine's gauges, read from its heartbeat at scrape time."""
 
     def collect(self):
-        from deliveries.dashboard import engine_status
-
-        engine = engine_status()  # one read of the heartbeat row
-        status = engine.status
+        status = EngineStatus.objects.current()  # one read of the heartbeat row
+        now = timezone.now()
+        alive = status.alive(now)
         running = GaugeMetricFamily(
             "webhooker_engine_up", "1 while the engine's heartbeat is fresh."
         )
-        running.add_metric([], 1 if engine.alive else 0)
+        running.add_metric([], 1 if alive else 0)
         yield running
-        if status is None or status.heartbeat_at is None:
+        age = status.heartbeat_age(now)
+        if age is None:
             return
-        age = GaugeMetricFamily(
+        age_gauge = GaugeMetricFamily(
             "webhooker_engine_heartbeat_age_seconds", "Seconds since the last heartbeat."
         )
-        age.add_metric([], (timezone.now() - status.heartbeat_at).total_seconds())
-        yield age
+        age_gauge.add_metric([], age)
+        yield age_gauge
         for name, value, doc in (
             ("channel_depth", status.channel_depth, "Tasks waiting in the channel."),
             ("inflight", status.inflight, "Deliveries the engine owns."),
@@ -69,7 +71,7 @@ class EngineCollector:
             ("open_breakers", status.open_breakers, "Targets whose circuit breaker is open."),
         ):
             gauge = GaugeMetricFamily(f"webhooker_engine_{name}", doc)
-            gauge.add_metric([], value if engine.alive else 0)
+            gauge.add_metric([], value if alive else 0)
             yield gauge
 
 

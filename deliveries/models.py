@@ -3,8 +3,30 @@ import uuid
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
-from django.db import models
+from django.db import connections, models, transaction
 from django.utils import timezone
+
+from deliveries import wake
+
+
+class OwnedQuerySet(models.QuerySet):
+    """The ownership boundary, written once: a superuser sees every row, any other
+    user only the rows of the webhooks they own, an anonymous or inactive user none.
+    The admin and its dashboard scope every query through visible_to()."""
+
+    # The lookup from the model to its webhook's owner; each subclass names its own.
+    owner_path: str
+
+    def visible_to(self, user):
+        if not (user.is_authenticated and user.is_active):
+            return self.none()
+        if user.is_superuser:
+            return self.all()
+        return self.filter(**{self.owner_path: user})
+
+
+class WebhookQuerySet(OwnedQuerySet):
+    owner_path = "owner"
 
 
 class Webhook(models.Model):
@@ -20,6 +42,8 @@ class Webhook(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = WebhookQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -30,6 +54,10 @@ class Webhook(models.Model):
         """Give the webhook its first entrypoint, so a new webhook can receive at once."""
         if not self.entrypoints.exists():
             self.entrypoints.create(description="default")
+
+
+class EntrypointQuerySet(OwnedQuerySet):
+    owner_path = "webhook__owner"
 
 
 class Entrypoint(models.Model):
@@ -44,6 +72,8 @@ class Entrypoint(models.Model):
     active = models.BooleanField(default=True, help_text="An inactive entrypoint answers 410 Gone.")
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = EntrypointQuerySet.as_manager()
+
     class Meta:
         ordering = ["created_at"]
 
@@ -52,6 +82,10 @@ class Entrypoint(models.Model):
 
     def get_absolute_url(self):
         return f"/webhook/{self.code}"
+
+
+class TargetQuerySet(OwnedQuerySet):
+    owner_path = "webhook__owner"
 
 
 class Target(models.Model):
@@ -79,6 +113,8 @@ class Target(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
+    objects = TargetQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -92,6 +128,46 @@ class Target(models.Model):
             self.config = clean_config(self.type, self.config)
         except ValidationError as exc:
             raise ValidationError({"config": exc.messages}) from None
+
+
+class EventQuerySet(OwnedQuerySet):
+    owner_path = "webhook__owner"
+
+    def replay(self) -> tuple[int, int]:
+        """Send these events to their targets again: every finished delivery back to
+        pending (history kept), and a new delivery for each active target that has
+        none yet (added since). Set-based: a few queries for any number of events.
+        Wakes the engine once this commits. Returns (set back, created)."""
+        now = timezone.now()
+        event_ids = self.values("pk")
+        with transaction.atomic(using=self.db):
+            reset = Delivery.objects.filter(event__in=event_ids).set_pending(now)
+            missing = (
+                Event.objects.filter(pk__in=event_ids)
+                .filter(webhook__targets__active=True)
+                .annotate(target_id=models.F("webhook__targets__id"))
+                .exclude(
+                    models.Exists(
+                        Delivery.objects.filter(
+                            event=models.OuterRef("pk"), target=models.OuterRef("target_id")
+                        )
+                    )
+                )
+                .values_list("pk", "target_id")
+            )
+            created = len(
+                Delivery.objects.bulk_create(
+                    [
+                        Delivery(event_id=e, target_id=t, created_at=now, updated_at=now)
+                        for e, t in missing.iterator(chunk_size=2000)
+                    ],
+                    batch_size=1000,
+                    ignore_conflicts=True,
+                )
+            )
+            if reset or created:
+                wake.notify_on_commit(connections[self.db])
+        return reset, created
 
 
 class Event(models.Model):
@@ -111,6 +187,8 @@ class Event(models.Model):
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
 
+    objects = EventQuerySet.as_manager()
+
     class Meta:
         ordering = ["-received_at", "-id"]
         indexes = [
@@ -124,7 +202,9 @@ class Event(models.Model):
         return str(self.code)
 
 
-class DeliveryQuerySet(models.QuerySet):
+class DeliveryQuerySet(OwnedQuerySet):
+    owner_path = "target__webhook__owner"
+
     def unfinished(self):
         return self.filter(status__in=Delivery.UNFINISHED)
 
@@ -142,6 +222,23 @@ class DeliveryQuerySet(models.QuerySet):
         """Pending deliveries that were attempted before: set back by a redeliver."""
         return self.filter(status=Delivery.Status.PENDING, attempts__gt=0)
 
+    def redeliver(self) -> int:
+        """Set the finished deliveries among these back to pending, keeping their
+        attempts and results, and wake the engine once that commits. Pending and
+        retrying ones are already on their way and stay as they are. Returns how
+        many were set back."""
+        with transaction.atomic(using=self.db):
+            queued = self.set_pending(timezone.now())
+            if queued:
+                wake.notify_on_commit(connections[self.db])
+        return queued
+
+    def set_pending(self, now) -> int:
+        """The transition of redeliver and replay, without the transaction or the wake."""
+        return self.filter(status__in=Delivery.FINISHED).update(
+            status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=now
+        )
+
 
 class Delivery(models.Model):
     class Status(models.TextChoices):
@@ -151,6 +248,7 @@ class Delivery(models.Model):
         FAILED = "failed"
 
     UNFINISHED = (Status.PENDING, Status.RETRYING)
+    FINISHED = (Status.DELIVERED, Status.FAILED)
 
     # Both foreign keys are served by composite indexes below (the unique
     # constraint leads with event); a plain index on each would only cost inserts.
@@ -232,8 +330,23 @@ class DeliveryResult(models.Model):
         return f"attempt {self.attempt}"
 
 
+class EngineStatusQuerySet(models.QuerySet):
+    def current(self, name="default") -> "EngineStatus":
+        """The engine's row; a blank unsaved one (never beaten, so not alive) before
+        the engine first starts, so readers need no case of their own for it."""
+        return self.filter(name=name).first() or self.model(name=name)
+
+
 class EngineStatus(models.Model):
-    """The engine's heartbeat: one row per engine (one per database, per shard later)."""
+    """The engine's heartbeat: one row per engine (one per database, per shard later).
+    The one place that says whether the engine is alive (dashboard, /metrics, health)."""
+
+    # Seconds between two writes of the row by the running engine.
+    HEARTBEAT_INTERVAL = 5.0
+    # Seconds after which the last heartbeat means the engine is gone. Six intervals:
+    # a beat or two delayed by a busy database or a paused machine must not make the
+    # healthcheck flap, and a dead engine must still show within half a minute.
+    STALE_AFTER = HEARTBEAT_INTERVAL * 6
 
     name = models.CharField(max_length=64, unique=True, default="default")
     pid = models.PositiveIntegerField(null=True)
@@ -247,12 +360,21 @@ class EngineStatus(models.Model):
     workers = models.PositiveIntegerField(default=0)
     open_breakers = models.PositiveIntegerField(default=0)
 
+    objects = EngineStatusQuerySet.as_manager()
+
     class Meta:
         verbose_name_plural = "engine status"
 
     def __str__(self):
         return f"engine {self.name}"
 
-    @property
-    def running(self):
-        return self.stopped_at is None and self.heartbeat_at is not None
+    def heartbeat_age(self, now) -> float | None:
+        """Seconds since the last heartbeat, None if there never was one."""
+        if self.heartbeat_at is None:
+            return None
+        return (now - self.heartbeat_at).total_seconds()
+
+    def alive(self, now) -> bool:
+        """Running and heard from within STALE_AFTER; a clean stop is not alive."""
+        age = self.heartbeat_age(now)
+        return self.stopped_at is None and age is not None and age <= self.STALE_AFTER

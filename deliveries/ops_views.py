@@ -6,9 +6,10 @@ import hmac
 from django.conf import settings
 from django.db import connection
 from django.http import Http404, HttpResponse, JsonResponse
+from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from deliveries import dashboard
+from deliveries.models import EngineStatus
 
 
 def _authorized(request) -> bool:
@@ -56,14 +57,14 @@ def healthcheck(request):
         body["engine"] = {"running": None, "heartbeat_age_seconds": None}
         healthy = False
     else:
-        engine = dashboard.engine_status()
+        engine = EngineStatus.objects.current()
+        now = timezone.now()
+        age = engine.heartbeat_age(now)
+        healthy = engine.alive(now)
         body["engine"] = {
-            "running": engine.alive,
-            "heartbeat_age_seconds": round(engine.age.total_seconds(), 1)
-            if engine.age is not None
-            else None,
-            "pid": engine.status.pid if engine.status else None,
+            "running": healthy,
+            "heartbeat_age_seconds": round(age, 1) if age is not None else None,
+            "pid": engine.pid,
         }
-        healthy = engine.alive
     body["status"] = "ok" if healthy else "unhealthy"
     return JsonResponse(body, status=200 if healthy else 503)

@@ -2,6 +2,7 @@ import socket
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
 from deliveries import ssrf
 from deliveries.models import Target, Webhook
@@ -44,6 +45,28 @@ def allow_loopback_targets(settings):
 @pytest.fixture
 def user(db):
     return get_user_model().objects.create_user("owner", password="pw-owner-123!")
+
+
+@pytest.fixture
+def superuser(db):
+    return get_user_model().objects.create_superuser("root", password="pw-root-12345!")
+
+
+def staff_user(name):
+    """A staff user in the group the admin's permissions are given to."""
+    user = get_user_model().objects.create_user(name, password=f"pw-{name}-12345!", is_staff=True)
+    user.groups.add(Group.objects.get(name="Webhook users"))
+    return user
+
+
+@pytest.fixture
+def alice(db):
+    return staff_user("alice")
+
+
+@pytest.fixture
+def bob(db):
+    return staff_user("bob")
 
 
 @pytest.fixture

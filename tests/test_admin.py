@@ -3,61 +3,14 @@
 import datetime
 
 import pytest
-from django.contrib.auth.models import Group, User
-from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, EngineStatus, Event, Target, Webhook
+from tests.admin_helpers import client_for, world
 from tests.engine_helpers import make_engine, pump, store
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def superuser():
-    return User.objects.create_superuser("root", password="pw-root-12345!")
-
-
-@pytest.fixture
-def alice():
-    user = User.objects.create_user("alice", password="pw-alice-12345!", is_staff=True)
-    user.groups.add(Group.objects.get(name="Webhook users"))
-    return user
-
-
-@pytest.fixture
-def bob():
-    user = User.objects.create_user("bob", password="pw-bob-12345!", is_staff=True)
-    user.groups.add(Group.objects.get(name="Webhook users"))
-    return user
-
-
-def client_for(user):
-    client = Client()
-    client.force_login(user)
-    return client
-
-
-def world(owner, name):
-    """A webhook with an http target, one event and its delivered delivery."""
-    hook = Webhook.objects.create(name=name, owner=owner)
-    hook.ensure_entrypoint()
-    target = Target.objects.create(
-        webhook=hook, name=f"{name}-target", type="http", config={"url": "https://example.com/x"}
-    )
-    [event] = store(hook.entrypoints.get(), body=b'{"who": "%s"}' % name.encode())
-    delivery = Delivery.objects.get(event=event)
-    Delivery.objects.filter(pk=delivery.pk).update(status="failed", attempts=1)
-    DeliveryResult.objects.create(
-        delivery=delivery,
-        attempt=1,
-        success=False,
-        status_code=500,
-        error="HTTP 500",
-        duration_ms=12,
-    )
-    return hook, target, event, Delivery.objects.get(pk=delivery.pk)
 
 
 def pages(hook, event, delivery):

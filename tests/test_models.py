@@ -1,9 +1,12 @@
 """Target config validation: field errors, never tracebacks."""
 
+import datetime
+
 import pytest
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
-from deliveries.models import Target
+from deliveries.models import EngineStatus, Target
 
 pytestmark = pytest.mark.django_db
 
@@ -76,3 +79,17 @@ def test_new_webhook_gets_exactly_one_entrypoint(webhook):
     assert webhook.entrypoints.count() == 1
     webhook.ensure_entrypoint()
     assert webhook.entrypoints.count() == 1
+
+
+def test_engine_liveness_follows_the_heartbeat():
+    assert EngineStatus.objects.current().pk is None  # never started: a blank row
+    now = timezone.now()
+    assert not EngineStatus.objects.current().alive(now)
+    EngineStatus.objects.create(started_at=now, heartbeat_at=now)
+    engine = EngineStatus.objects.current()
+    assert engine.alive(now) and engine.heartbeat_age(now) == 0
+    late = now + datetime.timedelta(seconds=EngineStatus.STALE_AFTER)
+    assert engine.alive(late)
+    assert not engine.alive(late + datetime.timedelta(seconds=1))
+    engine.stopped_at = now
+    assert not engine.alive(now)
