@@ -116,8 +116,7 @@ class TargetInline(admin.StackedInline):
     extra = 0
     fieldsets = [
         (None, {"fields": [("name", "type", "active")]}),
-        ("HTTP", {"fields": ["url", "headers", "timeout"], "classes": ["wh-type-http"]}),
-        ("Slack", {"fields": ["webhook_url"], "classes": ["wh-type-slack"]}),
+        *TargetForm.type_fieldsets(),
         ("Delivery", {"fields": [("max_retries", "max_queue_size")]}),
     ]
 

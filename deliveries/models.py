@@ -6,7 +6,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from deliveries import wake
+from deliveries import targets, wake
 
 
 class OwnedQuerySet(models.QuerySet):
@@ -89,11 +89,11 @@ class TargetQuerySet(OwnedQuerySet):
 
 
 class Target(models.Model):
-    class Type(models.TextChoices):
-        HTTP = "http", "HTTP endpoint"
-        DATABASE = "database", "Database record"
-        LOG = "log", "Log line"
-        SLACK = "slack", "Slack-compatible channel"
+    # One member per type of the target registry, the one list of them:
+    # Target.Type.HTTP == "http", labelled "HTTP endpoint".
+    Type = models.TextChoices(
+        "Type", [(type_.upper(), (type_, label)) for type_, label in targets.choices()]
+    )
 
     webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="targets")
     name = models.CharField(max_length=200)
@@ -121,13 +121,22 @@ class Target(models.Model):
     def __str__(self):
         return self.name
 
-    def clean(self):
-        from deliveries.targets import clean_config
-
+    def clean_fields(self, exclude=None):
+        # The config is checked against the type here, not in clean(), because only
+        # clean_fields() is told what a ModelForm leaves out: the target form has no
+        # config field; it validates the config as fields of its own.
+        errors = {}
         try:
-            self.config = clean_config(self.type, self.config)
+            super().clean_fields(exclude)
         except ValidationError as exc:
-            raise ValidationError({"config": exc.messages}) from None
+            errors = exc.error_dict
+        if "config" not in (exclude or ()) and "config" not in errors:
+            try:
+                self.config = targets.clean_config(self.type, self.config)
+            except ValidationError as exc:
+                errors["config"] = exc.error_list
+        if errors:
+            raise ValidationError(errors)
 
 
 class EventQuerySet(OwnedQuerySet):
@@ -312,7 +321,7 @@ class Delivery(models.Model):
 
 
 class DeliveryResult(models.Model):
-    RESPONSE_BODY_LIMIT = 4096
+    RESPONSE_BODY_LIMIT = targets.RESPONSE_BODY_LIMIT
 
     delivery = models.ForeignKey(Delivery, models.CASCADE, related_name="results")
     attempt = models.PositiveIntegerField()

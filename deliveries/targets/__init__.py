@@ -1,8 +1,12 @@
-"""Target types, one module each, chosen by `Target.type` (DESIGN §4)."""
+"""Target types, one module each, chosen by `Target.type` (DESIGN §4).
+
+This registry is the one list of types: Target.Type and its choices, the target
+form's fields and the admin's fieldsets are all built from it.
+"""
 
 from django.core.exceptions import ValidationError
 
-from deliveries.targets.base import Outcome, TargetType
+from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome, TargetType, require_mapping
 from deliveries.targets.database import DatabaseTarget
 from deliveries.targets.http import HttpTarget
 from deliveries.targets.log import LogTarget
@@ -13,6 +17,11 @@ TARGET_TYPES: dict[str, TargetType] = {
 }
 
 
+def choices() -> list[tuple[str, str]]:
+    """(type, label) of every target type, in the registry's order."""
+    return [(type_, kind.label) for type_, kind in TARGET_TYPES.items()]
+
+
 def get_target_type(type_: str) -> TargetType:
     try:
         return TARGET_TYPES[type_]
@@ -21,9 +30,15 @@ def get_target_type(type_: str) -> TargetType:
 
 
 def clean_config(type_: str, config) -> dict:
-    from deliveries.targets.base import require_mapping
-
     return get_target_type(type_).clean_config(require_mapping(config))
 
 
-__all__ = ["TARGET_TYPES", "Outcome", "TargetType", "clean_config", "get_target_type"]
+__all__ = [
+    "RESPONSE_BODY_LIMIT",
+    "TARGET_TYPES",
+    "Outcome",
+    "TargetType",
+    "choices",
+    "clean_config",
+    "get_target_type",
+]

@@ -1,10 +1,16 @@
-"""The interface every target type implements (DESIGN §4)."""
+"""The interface every target type implements (DESIGN §4).
+
+Target types never import deliveries.models nor touch the database: the engine
+hands them a Task and the event's body, and they answer with an Outcome. That
+keeps the models free to import the registry (Target.Type, config validation).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from django import forms
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 
@@ -12,6 +18,9 @@ from deliveries import ssrf
 
 if TYPE_CHECKING:
     from deliveries.engine.task import Task
+
+# How much of a receiver's answer is read and stored with each attempt.
+RESPONSE_BODY_LIMIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +43,28 @@ class TargetType:
     """One kind of target. Subclasses are stateless and shared between threads."""
 
     type: ClassVar[str]
+    # The name people choose it by (Target.type's choices).
+    label: ClassVar[str]
     # Whether max_retries, backoff and the circuit breaker apply to this kind.
     retries: ClassVar[bool] = False
+    # The form field that shows what clean_config() says is wrong with the config.
+    main_field: ClassVar[str | None] = None
 
     @classmethod
     def clean_config(cls, config: dict) -> dict:
         """Return the normalised config, or raise ValidationError with messages."""
         return {}
 
-    def deliver(self, task: Task) -> Outcome:
+    @classmethod
+    def form_fields(cls) -> dict[str, forms.Field]:
+        """New form fields, one per config key, for the target form.
+
+        The form holds the fields of every type at once, so names are unique across
+        types; a field marked required is required only when its type is chosen.
+        """
+        return {}
+
+    def deliver(self, task: Task, body: bytes) -> Outcome:
         raise NotImplementedError
 
 
@@ -65,6 +87,22 @@ def require_url(config: dict, key: str) -> str:
     except ValueError as exc:
         raise ValidationError(f"'{key}': {exc}.") from None
     return value
+
+
+class TargetURLField(forms.URLField):
+    """A target URL in the form: http(s) only, https assumed when left out."""
+
+    widget = forms.URLInput(attrs={"size": 60})
+
+    def __init__(self, **kwargs):
+        super().__init__(assume_scheme="https", **kwargs)
+
+    def run_validators(self, value):
+        super().run_validators(value)
+        # URLField also accepts ftp://; checked after, so a malformed URL gets one
+        # message, not two.
+        if value and not value.lower().startswith(("http://", "https://")):
+            raise ValidationError("Only http:// and https:// URLs can be targets.")
 
 
 def require_mapping(value) -> dict:

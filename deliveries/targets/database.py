@@ -5,6 +5,7 @@ class DatabaseTarget(TargetType):
     """The event is already stored in the database: recording it is the delivery."""
 
     type = "database"
+    label = "Database record"
 
-    def deliver(self, task):
+    def deliver(self, task, body):
         return Outcome(success=True)

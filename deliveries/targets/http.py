@@ -1,9 +1,10 @@
 import numbers
 
+from django import forms
 from django.core.exceptions import ValidationError
 
 from deliveries.targets import transport
-from deliveries.targets.base import Outcome, TargetType, require_url
+from deliveries.targets.base import TargetType, TargetURLField, require_url
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport sets itself.
 DROPPED_HEADERS = frozenset(
@@ -43,9 +44,36 @@ def forwarded_headers(task, extra: dict) -> dict:
     return headers
 
 
+class HeadersField(forms.CharField):
+    """Extra headers in the target form, one `Name: value` per line."""
+
+    widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": "X-Token: secret"})
+
+    def prepare_value(self, value):
+        if isinstance(value, dict):
+            return "\n".join(f"{k}: {v}" for k, v in value.items())
+        return value
+
+    def to_python(self, value):
+        headers = {}
+        for n, line in enumerate((value or "").splitlines(), 1):
+            if not line.strip():
+                continue
+            name, sep, val = line.partition(":")
+            name, val = name.strip(), val.strip()
+            if not sep or not _token(name) or _has_newline(val):
+                raise ValidationError(f"Line {n} is not a valid 'Name: value' header.")
+            if name.lower() in DROPPED_HEADERS:
+                raise ValidationError(f"Line {n}: {name} is set by webhooker itself.")
+            headers[name] = val
+        return headers
+
+
 class HttpTarget(TargetType):
     type = "http"
+    label = "HTTP endpoint"
     retries = True
+    main_field = "url"
 
     @classmethod
     def clean_config(cls, config):
@@ -76,11 +104,30 @@ class HttpTarget(TargetType):
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
         return cleaned
 
-    def deliver(self, task):
+    @classmethod
+    def form_fields(cls):
+        return {
+            "url": TargetURLField(
+                label="URL",
+                help_text="HTTP targets: where the event is POSTed (http:// or https://).",
+                error_messages={"required": "An HTTP target needs a URL."},
+            ),
+            "headers": HeadersField(
+                required=False, help_text="HTTP targets: extra headers, one 'Name: value' per line."
+            ),
+            "timeout": forms.FloatField(
+                required=False,
+                min_value=0.1,
+                max_value=MAX_TIMEOUT,
+                help_text="HTTP targets: seconds per attempt (empty: the engine's default).",
+            ),
+        }
+
+    def deliver(self, task, body):
         config = task.config
         return transport.post(
             config["url"],
-            data=task.load_body(),
+            data=body,
             headers=forwarded_headers(task, config.get("headers", {})),
             timeout=config.get("timeout"),
         )
@@ -97,6 +144,3 @@ def _token(name) -> bool:
 
 def _has_newline(value: str) -> bool:
     return "\r" in value or "\n" in value or "\0" in value
-
-
-__all__ = ["HttpTarget", "Outcome"]

@@ -11,9 +11,9 @@ class LogTarget(TargetType):
     """One structured log line per event."""
 
     type = "log"
+    label = "Log line"
 
-    def deliver(self, task):
-        body = task.load_body()
+    def deliver(self, task, body):
         logger.info(
             "event=%s webhook=%s method=%s content_type=%r size=%d body=%r",
             task.event_code,

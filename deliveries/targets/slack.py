@@ -2,14 +2,13 @@ import contextlib
 import json
 
 from deliveries.targets import transport
-from deliveries.targets.base import TargetType, require_url
+from deliveries.targets.base import TargetType, TargetURLField, require_url
 
 MESSAGE_LIMIT = 3500
 
 
-def format_message(task) -> str:
+def format_message(task, body: bytes) -> str:
     """Metadata, then the payload in a code block: JSON pretty-printed, cut at 3 500."""
-    body = task.load_body()
     text = body.decode("utf-8", "replace")
     with contextlib.suppress(ValueError, RecursionError):
         text = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
@@ -25,14 +24,26 @@ def format_message(task) -> str:
 
 class SlackTarget(TargetType):
     type = "slack"
+    label = "Slack-compatible channel"
     retries = True
+    main_field = "webhook_url"
 
     @classmethod
     def clean_config(cls, config):
         return {"webhook_url": require_url(config, "webhook_url")}
 
-    def deliver(self, task):
-        payload = json.dumps({"text": format_message(task)}).encode()
+    @classmethod
+    def form_fields(cls):
+        return {
+            "webhook_url": TargetURLField(
+                label="Slack webhook URL",
+                help_text="Slack targets: the incoming-webhook URL (Slack, Mattermost, …).",
+                error_messages={"required": "A Slack target needs its webhook URL."},
+            )
+        }
+
+    def deliver(self, task, body):
+        payload = json.dumps({"text": format_message(task, body)}).encode()
         return transport.post(
             task.config["webhook_url"],
             data=payload,

@@ -11,8 +11,7 @@ import time
 import requests
 from django.conf import settings
 
-from deliveries.models import DeliveryResult
-from deliveries.targets.base import Outcome
+from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome
 from deliveries.targets.deadline import watchdog
 from deliveries.targets.guard import GuardedAdapter, blocked_reason
 
@@ -77,8 +76,7 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
                 return Outcome(success=False, error=f"timeout: no answer within {timeout:g} s")
             return Outcome(success=False, error=_describe(exc))
         try:
-            limit = DeliveryResult.RESPONSE_BODY_LIMIT
-            excerpt = response.raw.read(limit, decode_content=True) or b""
+            excerpt = response.raw.read(RESPONSE_BODY_LIMIT, decode_content=True) or b""
         except Exception as exc:  # a receiver that breaks off (or drips) mid-body
             excerpt = f"<response body unreadable: {exc}>".encode()
         finally:

@@ -12,9 +12,8 @@ document.addEventListener("click", (event) => {
 function showTypeFields(select) {
   const form = select.closest(".inline-related");
   if (!form) return;
-  for (const type of ["http", "slack"]) {
-    const box = form.querySelector(".wh-type-" + type);
-    if (box) box.style.display = select.value === type ? "" : "none";
+  for (const box of form.querySelectorAll("[class*='wh-type-']")) {
+    box.style.display = box.classList.contains("wh-type-" + select.value) ? "" : "none";
   }
 }
 
