@@ -1,6 +1,27 @@
+import os
+from pathlib import Path
+
 from django.apps import AppConfig
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class DeliveriesConfig(AppConfig):
     name = "deliveries"
     verbose_name = "Webhooks"
+
+    def ready(self):
+        # Every process writes below these (SQLite file, engine lock and socket,
+        # metrics files), and a fresh clone must run with nothing set: created at
+        # start rather than when settings are imported, which has no such effects.
+        folders = {
+            "DATA_DIR": settings.DATA_DIR,
+            "PROMETHEUS_MULTIPROC_DIR": os.environ["PROMETHEUS_MULTIPROC_DIR"],
+        }
+        for name, path in folders.items():
+            try:
+                Path(path).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ImproperlyConfigured(
+                    f"{name}={str(path)!r} cannot be created: {exc}"
+                ) from None

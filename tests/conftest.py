@@ -1,6 +1,7 @@
 import socket
 
 import pytest
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 
@@ -32,6 +33,13 @@ def dns(monkeypatch):
 
     monkeypatch.setattr(ssrf, "resolve", resolve)
     return table
+
+
+@pytest.fixture(scope="session", autouse=True)
+def static_root():
+    """What `collectstatic` makes before `make run` or a deployment serves: without
+    it, whitenoise warns (rightly, for a deployment) on every test client."""
+    django_settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 
 @pytest.fixture(autouse=True)

@@ -63,6 +63,9 @@ def _networks(name):
 def _secret_key(data_dir):
     """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key.
 
+    The only file settings write, and only on a fresh DATA_DIR: every process (each
+    gunicorn worker, the engine, every command) needs the same key before Django
+    starts, and the first of them to load settings is the only one that can make it.
     The key is written to a private temporary file and then hard-linked into place,
     which fails if the file exists: gunicorn workers and rundelivery starting at the
     same moment all end up reading the one complete key that won.
@@ -72,6 +75,12 @@ def _secret_key(data_dir):
         return key
     path = data_dir / "secret_key"
     if not path.exists():
+        try:
+            data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"DATA_DIR={str(data_dir)!r} cannot be created: {exc}"
+            ) from None
         fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".secret_key.")  # mode 0600
         with os.fdopen(fd, "w") as fh:
             fh.write(secrets.token_urlsafe(50) + "\n")
@@ -91,19 +100,16 @@ ENVIRONMENT = _choice("WEBHOOKER_ENVIRONMENT", "dev", ("dev", "prod"))
 PRODUCTION = ENVIRONMENT == "prod"
 DEBUG = not PRODUCTION and env.bool("DEBUG", default=True)
 
+# Created when Django starts (deliveries/apps.py), or first for the secret key.
 DATA_DIR = Path(env.str("DATA_DIR", default="/data" if PRODUCTION else str(BASE_DIR / "data")))
-try:
-    DATA_DIR.mkdir(parents=True, exist_ok=True)
-except OSError as exc:
-    raise ImproperlyConfigured(f"DATA_DIR={str(DATA_DIR)!r} cannot be created: {exc}") from None
 
 SECRET_KEY = _secret_key(DATA_DIR)
 
 # Prometheus counters are shared by gunicorn's workers and the engine through
-# files here (prometheus-client's multiprocess mode). It must be set before
-# prometheus_client is first imported, which happens only after settings load.
+# files here (prometheus-client's multiprocess mode). prometheus_client reads the
+# variable once, when first imported; settings are what every process loads
+# before that, so this is the one place that can set it for all of them.
 METRICS_DIR = DATA_DIR / "metrics"
-METRICS_DIR.mkdir(exist_ok=True)
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(METRICS_DIR))
 if PRODUCTION and (len(SECRET_KEY) < 50 or SECRET_KEY.startswith("django-insecure")):
     raise ImproperlyConfigured("SECRET_KEY must be at least 50 random characters in prod")
@@ -254,8 +260,8 @@ USE_TZ = True
 FORMAT_MODULE_PATH = ["webhooker.formats"]
 
 STATIC_URL = "static/"
+# Created by collectstatic (`make run` runs it).
 STATIC_ROOT = DATA_DIR / "static"
-STATIC_ROOT.mkdir(exist_ok=True)
 # In dev the files are found where they live; prod serves what collectstatic wrote.
 WHITENOISE_USE_FINDERS = not PRODUCTION
 
