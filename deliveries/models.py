@@ -7,6 +7,8 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 
 from deliveries import targets, wake
+from deliveries.filters import clean_filters
+from deliveries.targets.base import require_url
 
 
 class OwnedQuerySet(models.QuerySet):
@@ -39,6 +41,12 @@ class Webhook(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(36_500)],
         help_text="Events older than this are pruned with their deliveries.",
     )
+    alert_url = models.URLField(
+        blank=True,
+        max_length=500,
+        help_text="Optional Slack-compatible incoming-webhook URL for alerts about this "
+        "webhook's targets (the owner is also emailed).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -49,6 +57,13 @@ class Webhook(models.Model):
 
     def __str__(self):
         return self.name
+
+    def clean(self):
+        if self.alert_url:
+            try:
+                require_url({"alert_url": self.alert_url}, "alert_url")
+            except ValidationError as exc:
+                raise ValidationError({"alert_url": exc.messages}) from None
 
     def ensure_entrypoint(self):
         """Give the webhook its first entrypoint, so a new webhook can receive at once."""
@@ -87,6 +102,23 @@ class Entrypoint(models.Model):
 class TargetQuerySet(OwnedQuerySet):
     owner_path = "webhook__owner"
 
+    def pause(self, reason: str) -> int:
+        """Hold these targets' deliveries, unattempted, until resumed."""
+        now = timezone.now()
+        return self._change(paused=True, paused_reason=reason[:500], paused_at=now, now=now)
+
+    def resume(self) -> int:
+        """Send what waited, in order; the engine takes it up at once."""
+        return self._change(paused=False, paused_reason="", paused_at=None, now=timezone.now())
+
+    def _change(self, *, now, **values) -> int:
+        # updated_at is the version the engine watches: bump it with the change.
+        with transaction.atomic(using=self.db):
+            changed = self.update(updated_at=now, **values)
+            if changed:
+                wake.notify_on_commit(connections[self.db])
+        return changed
+
 
 class Target(models.Model):
     # One member per type of the target registry, the one list of them:
@@ -110,7 +142,33 @@ class Target(models.Model):
         help_text="Most deliveries of this target the engine holds in memory; "
         "the rest wait in the database.",
     )
+    paused = models.BooleanField(
+        default=False,
+        help_text="Deliveries are still created, and wait unattempted until resumed.",
+    )
+    paused_reason = models.CharField(max_length=500, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    ordered = models.BooleanField(
+        default=False,
+        help_text="One attempt at a time, in event order. A delivery that finally fails "
+        "pauses the target, so nothing is ever delivered out of order.",
+    )
+    rate_limit = models.FloatField(
+        default=0,
+        validators=[MinValueValidator(0)],
+        help_text="Attempts per second at most (0: no limit).",
+    )
+    filters = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Deliver only events matching every rule; others end as 'filtered'.",
+    )
+    # When the current run of failed attempts began (None: the last one succeeded).
+    # Written by the engine on transitions only; auto-disable reads it.
+    failing_since = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
+    # Also the target's version: the engine re-reads a target whose updated_at moved,
+    # so every change must go through save() or set it (see TargetQuerySet.pause).
     updated_at = models.DateTimeField(auto_now=True)
 
     objects = TargetQuerySet.as_manager()
@@ -135,6 +193,11 @@ class Target(models.Model):
                 self.config = targets.clean_config(self.type, self.config)
             except ValidationError as exc:
                 errors["config"] = exc.error_list
+        if "filters" not in (exclude or ()) and "filters" not in errors:
+            try:
+                self.filters = clean_filters(self.filters)
+            except ValidationError as exc:
+                errors["filters"] = exc.error_list
         if errors:
             raise ValidationError(errors)
 
@@ -242,6 +305,20 @@ class DeliveryQuerySet(OwnedQuerySet):
                 wake.notify_on_commit(connections[self.db])
         return queued
 
+    def retry_now(self) -> int:
+        """Skip what is left of the backoff of these retrying deliveries.
+
+        They become pending again (attempts kept): the engine's sweep of such rows
+        finds them, and one it holds for a later retry is attempted at once.
+        """
+        with transaction.atomic(using=self.db):
+            hurried = self.filter(status=Delivery.Status.RETRYING).update(
+                status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=timezone.now()
+            )
+            if hurried:
+                wake.notify_on_commit(connections[self.db])
+        return hurried
+
     def set_pending(self, now) -> int:
         """The transition of redeliver and replay, without the transaction or the wake."""
         return self.filter(status__in=Delivery.FINISHED).update(
@@ -255,9 +332,11 @@ class Delivery(models.Model):
         RETRYING = "retrying"
         DELIVERED = "delivered"
         FAILED = "failed"
+        # The target's filters did not match the event: nothing was sent.
+        FILTERED = "filtered"
 
     UNFINISHED = (Status.PENDING, Status.RETRYING)
-    FINISHED = (Status.DELIVERED, Status.FAILED)
+    FINISHED = (Status.DELIVERED, Status.FAILED, Status.FILTERED)
 
     # Both foreign keys are served by composite indexes below (the unique
     # constraint leads with event); a plain index on each would only cost inserts.
@@ -324,6 +403,12 @@ class DeliveryResult(models.Model):
     RESPONSE_BODY_LIMIT = targets.RESPONSE_BODY_LIMIT
 
     delivery = models.ForeignKey(Delivery, models.CASCADE, related_name="results")
+    # The delivery's target, kept on each attempt so a target's health (success
+    # rate, durations, last error over 24 h) reads one index range, not a join
+    # through every delivery the target ever had.
+    target = models.ForeignKey(
+        Target, models.CASCADE, null=True, blank=True, related_name="+", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     success = models.BooleanField()
     status_code = models.PositiveIntegerField(null=True, blank=True)
@@ -334,6 +419,10 @@ class DeliveryResult(models.Model):
 
     class Meta:
         ordering = ["delivery", "attempt", "id"]
+        indexes = [
+            # A target's attempts by time: its health figures in the admin.
+            models.Index(fields=["target", "created_at"], name="result_target_created_idx"),
+        ]
 
     def __str__(self):
         return f"attempt {self.attempt}"
@@ -368,6 +457,9 @@ class EngineStatus(models.Model):
     busy_workers = models.PositiveIntegerField(default=0)
     workers = models.PositiveIntegerField(default=0)
     open_breakers = models.PositiveIntegerField(default=0)
+    # Every breaker that is not closed: {target id: {"state", "since", "until"}},
+    # times in ISO 8601; "until" is when the next probe may go.
+    breakers = models.JSONField(default=dict, blank=True)
 
     objects = EngineStatusQuerySet.as_manager()
 
@@ -387,3 +479,38 @@ class EngineStatus(models.Model):
         """Running and heard from within STALE_AFTER; a clean stop is not alive."""
         age = self.heartbeat_age(now)
         return self.stopped_at is None and age is not None and age <= self.STALE_AFTER
+
+
+class AlertQuerySet(OwnedQuerySet):
+    owner_path = "target__webhook__owner"
+
+
+class Alert(models.Model):
+    """A notice to a webhook's owner that one of its targets needs attention."""
+
+    class Kind(models.TextChoices):
+        PAUSED = "paused", "Target paused itself"
+        BREAKER = "breaker", "Circuit breaker stuck open"
+
+    # At most one alert per target in this long.
+    INTERVAL = 3600
+
+    target = models.ForeignKey(Target, models.CASCADE, related_name="alerts")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    message = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+    # How each channel went: "" (not used), "sent", or the error.
+    email = models.CharField(max_length=500, blank=True)
+    slack = models.CharField(max_length=500, blank=True)
+
+    objects = AlertQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            # The one-per-hour check, and a target's alerts in the admin.
+            models.Index(fields=["target", "-created_at"], name="alert_target_created_idx"),
+        ]
+
+    def __str__(self):
+        return f"{self.get_kind_display()}: {self.target_id}"
