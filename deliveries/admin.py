@@ -1,4 +1,4 @@
-"""The Django admin as webhooker's management UI (DESIGN §6).
+"""The Django admin as webhooker's management UI (docs/architecture.md, HTTP surface).
 
 Every admin here is scoped by ownership: a staff user who is not a superuser sees
 and changes only the webhooks they own, and only those webhooks' entrypoints,

@@ -76,7 +76,7 @@ def store_event(
     """Store the event and one pending delivery per active target, atomically.
 
     Returns only after COMMIT, so the caller's 200 promises both are durable
-    (DESIGN §2 invariant 1). The engine is woken after the commit; a lost wake-up
+    (invariant 1 in docs/architecture.md). The engine is woken after the commit; a lost wake-up
     costs latency, never a delivery, because the rows themselves are the message.
     """
     t = _tables()

@@ -1,4 +1,5 @@
-"""Which addresses a target may reach (DESIGN §7, WEBHOOKER_ALLOWED_TARGET_NETWORKS).
+"""Which addresses a target may reach (WEBHOOKER_ALLOWED_TARGET_NETWORKS;
+docs/architecture.md, Targets).
 
 webhooker faces the internet on one side and sits inside a private network on the
 other: a target URL is an attacker's way in unless every address it leads to is

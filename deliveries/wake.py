@@ -1,4 +1,5 @@
-"""The wake hint from the web processes to the engine (DESIGN §1).
+"""The wake hint from the web processes to the engine
+(docs/architecture.md, Processes and data flow).
 
 The committed rows are the message; the hint only shortens the engine's wait, so
 every failure to send it is ignored. On PostgreSQL it is a NOTIFY, which the server

@@ -1,4 +1,5 @@
-"""Settings for webhooker: the environment is the only source (DESIGN §7).
+"""Settings for webhooker: the environment is the only source
+(docs/architecture.md, Configuration and settings at import time).
 
 Every variable has a default that lets a fresh clone run (`make run`) with nothing
 set. Bad values fail at start with ImproperlyConfigured naming the variable, never
@@ -273,7 +274,7 @@ WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
 METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
 METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 
-# --- Delivery engine (DESIGN §2); read by the engine when it is built -------------
+# --- Delivery engine (docs/architecture.md, The engine); read when it is built -------------
 DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 10, minimum=1)
 DELIVERY_CHANNEL_SIZE = _number("DELIVERY_CHANNEL_SIZE", 10_000, minimum=1)
 DELIVERY_POLL_INTERVAL = _number("DELIVERY_POLL_INTERVAL", 1.0, cast=float, minimum=0.01)

@@ -1,4 +1,4 @@
-"""How long to wait before retry number n (DESIGN §4)."""
+"""How long to wait before retry number n (docs/architecture.md, Targets)."""
 
 import random
 

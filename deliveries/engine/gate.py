@@ -1,6 +1,6 @@
 """Per-target limits: how many of a target's deliveries the engine holds in memory
 (`Target.max_queue_size`) and how many workers it may occupy at once
-(DELIVERY_TARGET_CONCURRENCY, DESIGN §2 invariant 7).
+(DELIVERY_TARGET_CONCURRENCY, invariant 7 in docs/architecture.md).
 
 A worker that picks up a task whose target already has its share of workers parks
 the task here, still owned, and moves on to other targets. Whoever finishes one of

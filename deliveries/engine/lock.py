@@ -1,4 +1,4 @@
-"""One engine per database (DESIGN §2): what makes the in-memory inflight set exact.
+"""One engine per database (invariant 3): what makes the in-memory inflight set exact.
 
 An exclusive flock on DATA_DIR/rundelivery.lock guards the host; on PostgreSQL a
 session-level advisory lock, held on a connection of its own for the life of the

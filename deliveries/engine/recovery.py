@@ -1,10 +1,11 @@
 """The recovery routine: one function, run at start and then on every tick.
 
 At start it takes every pending and retrying delivery: whatever a dead predecessor
-owned is in nobody's inflight set now. On a tick it takes only pending deliveries
-nobody has touched for DELIVERY_STALE_AFTER, at most DELIVERY_RECOVERY_BATCH: the
-ones every other path missed (a gap that outlived its wait, a wake-up lost while
-the poll was slow). Either way it skips what the inflight set holds, so it never
+owned is in nobody's inflight set now. On a tick it takes pending deliveries nobody
+has touched for DELIVERY_STALE_AFTER, and retrying ones whose retry was due that
+long ago, at most DELIVERY_RECOVERY_BATCH: the ones every other path missed (a gap
+that outlived its wait, a wake-up lost while the poll was slow, a retry whose owner
+lost it). Either way it skips what the inflight set holds, so it never
 re-dispatches a delivery the engine is already working on, however long that one
 has been waiting in the channel.
 

@@ -1,4 +1,5 @@
-"""Target types, one module each, chosen by `Target.type` (DESIGN §4).
+"""Target types, one module each, chosen by `Target.type`
+(docs/architecture.md, Targets).
 
 This registry is the one list of types: Target.Type and its choices, the target
 form's fields and the admin's fieldsets are all built from it.

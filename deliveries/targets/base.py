@@ -1,4 +1,4 @@
-"""The interface every target type implements (DESIGN §4).
+"""The interface every target type implements (docs/architecture.md, Targets).
 
 Target types never import deliveries.models nor touch the database: the engine
 hands them a Task and the event's body, and they answer with an Outcome. That
