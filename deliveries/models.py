@@ -1,3 +1,6 @@
+import datetime
+import hashlib
+import secrets
 import uuid
 
 from django.conf import settings
@@ -97,6 +100,11 @@ class Entrypoint(models.Model):
 
     def get_absolute_url(self):
         return f"/webhook/{self.code}"
+
+    def inbound_url(self, request) -> str:
+        """The full URL senders post to: WEBHOOKER_PUBLIC_URL, else this request's host."""
+        base = settings.WEBHOOKER_PUBLIC_URL or request.build_absolute_uri("/")[:-1]
+        return f"{base}{self.get_absolute_url()}"
 
 
 class TargetQuerySet(OwnedQuerySet):
@@ -205,18 +213,27 @@ class Target(models.Model):
 class EventQuerySet(OwnedQuerySet):
     owner_path = "webhook__owner"
 
-    def replay(self) -> tuple[int, int]:
+    def replay(self, target=None) -> tuple[int, int]:
         """Send these events to their targets again: every finished delivery back to
         pending (history kept), and a new delivery for each active target that has
         none yet (added since). Set-based: a few queries for any number of events.
-        Wakes the engine once this commits. Returns (set back, created)."""
+        Wakes the engine once this commits. Returns (set back, created).
+
+        With `target`, only to that one target (say, one added since), and only the
+        events of its webhook."""
         now = timezone.now()
         event_ids = self.values("pk")
+        deliveries = Delivery.objects.filter(event__in=event_ids)
+        # One filter() call, so that the annotation below reads the same join.
+        joined = {"webhook__targets__active": True}
+        if target is not None:
+            deliveries = deliveries.filter(target=target)
+            joined["webhook__targets"] = target
         with transaction.atomic(using=self.db):
-            reset = Delivery.objects.filter(event__in=event_ids).set_pending(now)
+            reset = deliveries.set_pending(now)
             missing = (
                 Event.objects.filter(pk__in=event_ids)
-                .filter(webhook__targets__active=True)
+                .filter(**joined)
                 .annotate(target_id=models.F("webhook__targets__id"))
                 .exclude(
                     models.Exists(
@@ -514,3 +531,85 @@ class Alert(models.Model):
 
     def __str__(self):
         return f"{self.get_kind_display()}: {self.target_id}"
+
+
+class ApiKeyQuerySet(OwnedQuerySet):
+    owner_path = "user"
+
+    def usable(self, now):
+        """Keys that may authenticate at `now`: not revoked, not expired."""
+        return self.filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now),
+            revoked_at__isnull=True,
+        )
+
+    def find(self, key: str, now) -> "ApiKey | None":
+        """The usable key `key` is, with its user, or None."""
+        if not key.startswith(ApiKey.PREFIX) or len(key) > 200:
+            return None
+        # Looked up by digest: what the index compares is a hash the caller cannot
+        # steer, so the comparison's timing tells nothing about stored keys.
+        return self.usable(now).select_related("user").filter(digest=ApiKey.digest_of(key)).first()
+
+    def revoke(self) -> int:
+        return self.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+class ApiKey(models.Model):
+    """A user's key to the REST API: it acts as its user, under the same ownership
+    rule as the admin. Only a SHA-256 digest is stored: the key is 256 random bits,
+    so a slow password hash would add nothing but a cost to every API request."""
+
+    PREFIX = "whk_"
+    # last_used_at is written at most this often per key, so a busy script's reads
+    # do not each become a write.
+    TOUCH_EVERY = datetime.timedelta(minutes=1)
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, help_text="What the key is for, e.g. 'terraform'.")
+    prefix = models.CharField(
+        max_length=16, editable=False, help_text="The key's first characters, to recognise it."
+    )
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self):
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def digest_of(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+    def set_new_key(self) -> str:
+        """Give this (unsaved) row a new random key; return the key, which is not
+        stored anywhere and so can be shown only now."""
+        key = self.PREFIX + secrets.token_urlsafe(32)
+        self.prefix = key[: len(self.PREFIX) + 6]
+        self.digest = self.digest_of(key)
+        return key
+
+    def touch(self, now) -> None:
+        """Record a use, at most once per TOUCH_EVERY, with an UPDATE that cannot
+        overwrite a revocation or a rename made meanwhile."""
+        if self.last_used_at is not None and now - self.last_used_at < self.TOUCH_EVERY:
+            return
+        ApiKey.objects.filter(pk=self.pk).filter(
+            models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=now - self.TOUCH_EVERY)
+        ).update(last_used_at=now)
+        self.last_used_at = now
+
+    def state(self, now) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= now:
+            return "expired"
+        return "active"
