@@ -333,17 +333,19 @@ def test_database_and_log_targets_deliver(entrypoint, make_target, type_, caplog
         assert any('{"x": "logged"}' in r.getMessage() for r in caplog.records)
 
 
-def test_inactive_target_fails_its_queued_deliveries(entrypoint, make_target, sink):
+def test_an_inactive_target_holds_its_queued_deliveries(entrypoint, make_target, sink):
     target = make_target(url=sink.url("/off"))
     engine = started_engine()
     store(entrypoint)
-    Target.objects.filter(id=target.id).update(active=False)
-    engine.intake_once()
+    engine.intake_once()  # claimed while the target is active
+    target.active = False
+    target.save()
+    engine.refresh_targets(force=True)
     engine.process_one()
     delivery = Delivery.objects.get()
-    assert delivery.status == "failed"
-    assert "inactive" in delivery.results.get().error
+    assert (delivery.status, delivery.attempts) == ("pending", 0)  # held, not failed
     assert sink.requests("/off") == []
+    assert engine.inflight.held() == 0  # it waits in the database, not in memory
 
 
 def test_large_bodies_are_read_at_attempt_time(entrypoint, make_target, sink):

@@ -11,8 +11,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from django.db.utils import DatabaseError
-
 from deliveries.engine.backoff import retry_delay
 from deliveries.engine.task import Task
 from deliveries.models import Delivery
@@ -26,8 +24,10 @@ class AttemptResult:
     """What one attempt came to, on its way to the database."""
 
     task: Task
-    outcome: Outcome
-    # The delivery's status after this attempt: delivered, retrying or failed.
+    # None when no attempt was made (the target's filters did not match).
+    outcome: Outcome | None
+    # The delivery's status after this attempt: delivered, retrying, failed or
+    # filtered.
     status: str
     # Seconds until the next attempt when `status` is retrying, else None.
     delay: float | None
@@ -38,41 +38,38 @@ class AttemptResult:
         """This attempt's number: 1 for the first."""
         return self.task.attempts + 1
 
-
-def retries(task: Task) -> bool:
-    """Whether max_retries, backoff and the circuit breaker apply to the task."""
-    kind = TARGET_TYPES.get(task.target_type)
-    return kind is not None and kind.retries and task.max_retries > 0
+    @property
+    def attempts(self) -> int:
+        """The delivery's attempt count once this result is written."""
+        return self.task.attempts + (self.outcome is not None)
 
 
 def attempt(task: Task, body: bytes, *, base: float, cap: float) -> AttemptResult:
-    """Send the task to its target once, time it, and decide what comes next."""
+    """Send the task to its target (`task.target`) once, time it, and decide what
+    comes next."""
     start = time.monotonic()
     outcome = call_target(task, body)
     duration_ms = int((time.monotonic() - start) * 1000)
-    status, delay = decide(task, outcome, retries=retries(task), base=base, cap=cap)
+    status, delay = decide(task, outcome, retries=task.target.retries, base=base, cap=cap)
     result = AttemptResult(task, outcome, status, delay, duration_ms)
     log_attempt(result)
     return result
 
 
+def filtered(task: Task) -> AttemptResult:
+    """The target's filters did not match: the delivery ends with no attempt."""
+    return AttemptResult(task, None, Delivery.Status.FILTERED, None, 0)
+
+
 def call_target(task: Task, body: bytes) -> Outcome:
     """Run the target's deliver(); any exception becomes a failed outcome."""
-    if not task.target_active:
+    kind = TARGET_TYPES.get(task.target.type)
+    if kind is None:
         return Outcome(
-            success=False,
-            error="target is inactive; redeliver after activating it",
-            permanent=True,
-        )
-    target = TARGET_TYPES.get(task.target_type)
-    if target is None:
-        return Outcome(
-            success=False, error=f"unknown target type {task.target_type!r}", permanent=True
+            success=False, error=f"unknown target type {task.target.type!r}", permanent=True
         )
     try:
-        return target.deliver(task, body)
-    except DatabaseError:
-        raise  # the engine's own trouble, not the target's failure
+        return kind.deliver(task, body)
     except Exception as exc:  # a bug or a broken config must not kill the worker
         logger.exception("target %s raised on delivery %s", task.target_id, task.delivery_id)
         return Outcome(success=False, error=f"{type(exc).__name__}: {exc}")
@@ -83,7 +80,7 @@ def decide(task: Task, outcome: Outcome, *, retries: bool, base: float, cap: flo
     if outcome.success:
         return Delivery.Status.DELIVERED, None
     attempt = task.attempts + 1
-    if not retries or outcome.permanent or attempt > task.max_retries:
+    if not retries or outcome.permanent or attempt > task.target.max_retries:
         return Delivery.Status.FAILED, None
     return Delivery.Status.RETRYING, retry_delay(attempt, outcome.retry_after, base=base, cap=cap)
 
@@ -94,7 +91,7 @@ def log_attempt(result: AttemptResult) -> None:
         "delivery=%s target=%s type=%s attempt=%d outcome=%s status_code=%s duration_ms=%d%s",
         task.delivery_id,
         task.target_id,
-        task.target_type,
+        task.target.type,
         result.number,
         result.status,
         outcome.status_code if outcome.status_code is not None else "-",

@@ -27,6 +27,9 @@ class CircuitBreaker:
         self.state = self.CLOSED
         self.failures = 0
         self.opened_until = 0.0
+        # Clock time the breaker first opened, kept through half-open probes that
+        # fail; None while closed.
+        self.open_since: float | None = None
 
     def allow(self) -> float | None:
         """None if an attempt may go now, else the clock time to try again."""
@@ -43,16 +46,27 @@ class CircuitBreaker:
             # result is known, rather than circling through the channel meanwhile.
             return now + self.cooldown
 
-    def record(self, success: bool) -> None:
+    def record(self, success: bool) -> str | None:
+        """Count an attempt's outcome; return CLOSED or OPEN when the state changed
+        to it (the engine then releases, or re-dates, the tasks that wait)."""
         with self._lock:
             if success:
+                was_open = self.state != self.CLOSED
                 self.state = self.CLOSED
                 self.failures = 0
-                return
+                self.open_since = None
+                return self.CLOSED if was_open else None
             self.failures += 1
-            if self.state == self.HALF_OPEN or self.failures >= self.threshold:
+            if self.state == self.HALF_OPEN or (
+                self.state == self.CLOSED and self.failures >= self.threshold
+            ):
                 self.state = self.OPEN
-                self.opened_until = self._clock() + self.cooldown
+                now = self._clock()
+                self.opened_until = now + self.cooldown
+                if self.open_since is None:
+                    self.open_since = now
+                return self.OPEN
+            return None
 
     @property
     def is_open(self) -> bool:
@@ -77,3 +91,12 @@ class Breakers:
     def open_count(self) -> int:
         with self._lock:
             return sum(1 for b in self._by_target.values() if b.is_open)
+
+    def not_closed(self) -> dict[int, CircuitBreaker]:
+        with self._lock:
+            return {t: b for t, b in self._by_target.items() if b.is_open}
+
+    def forget(self, target_id: int) -> None:
+        """The target changed (re-pointed, paused, deleted): a fresh breaker next time."""
+        with self._lock:
+            self._by_target.pop(target_id, None)

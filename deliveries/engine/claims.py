@@ -22,20 +22,34 @@ LOAD_CHUNK = 500
 
 
 class Claimer:
-    def __init__(self, *, inflight, gate, overflow):
+    def __init__(self, *, inflight, gate, overflow, targets, lanes):
         self.inflight = inflight
         self.gate = gate
         # target id -> lowest delivery id skipped because the target was full
         self.overflow = overflow
+        self.targets = targets  # targetcache.TargetCache
+        self.lanes = lanes  # ordered.OrderedLanes
 
-    def claim(self, rows, limit: int | None = None) -> list[Task]:
+    def claim(self, rows, limit: int | None = None, *, head: bool = False) -> list[Task]:
         """Claim what nobody owns and fits its target's cap (at most `limit` rows);
-        return the loaded tasks."""
+        return the loaded tasks.
+
+        Rows of a held target (paused, inactive) are left in the database: they are
+        read again when it is resumed. Rows of an ordered target are left for its
+        lane (ordered.py), unless `head` says they are its head.
+        """
+        self.targets.load({row[2] for row in rows})
         claimed = {}
         for delivery_id, status, target_id, cap in rows:
             if limit is not None and len(claimed) >= limit:
                 break
             if status not in Delivery.UNFINISHED:
+                continue
+            state = self.targets.get(target_id)
+            if state is None or state.held:
+                continue
+            if state.ordered and not head:
+                self.lanes.note(target_id)
                 continue
             if not self.inflight.retain_idle(delivery_id):
                 continue
@@ -87,10 +101,6 @@ def load_tasks(ids) -> list[Task]:
                 "event__code",
                 "event__webhook_id",
                 "target_id",
-                "target__type",
-                "target__config",
-                "target__max_retries",
-                "target__active",
                 "event__method",
                 "event__headers",
                 "event__content_type",
@@ -110,10 +120,6 @@ def load_tasks(ids) -> list[Task]:
                 event_code,
                 webhook_id,
                 target_id,
-                target_type,
-                config,
-                max_retries,
-                active,
                 method,
                 headers,
                 content_type,
@@ -130,10 +136,6 @@ def load_tasks(ids) -> list[Task]:
                     event_code=event_code,
                     webhook_id=webhook_id,
                     target_id=target_id,
-                    target_type=target_type,
-                    target_active=active,
-                    config=config or {},
-                    max_retries=max_retries,
                     attempts=attempts,
                     method=method,
                     headers=headers or [],

@@ -28,6 +28,10 @@ class EngineConfig:
     backoff_base: float = 1.0
     backoff_cap: float = 3600.0
     breaker_cooldown: float = CircuitBreaker.COOLDOWN
+    # A target failing every attempt this long is paused (auto-disable).
+    disable_after: float = 5 * 86_400.0
+    # A breaker open this long raises an alert.
+    alert_breaker_after: float = 600.0
     # The heartbeat row's name.
     name: str = "default"
 
@@ -44,6 +48,8 @@ class EngineConfig:
             "target_concurrency": settings.DELIVERY_TARGET_CONCURRENCY,
             "backoff_base": settings.DELIVERY_BACKOFF_BASE,
             "backoff_cap": settings.DELIVERY_BACKOFF_CAP,
+            "disable_after": settings.DELIVERY_DISABLE_AFTER,
+            "alert_breaker_after": settings.ALERT_BREAKER_AFTER,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

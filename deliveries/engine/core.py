@@ -14,29 +14,35 @@ This class owns no thread. Tests call the steps directly on their own thread;
 `runner.Runner` starts the threads that call the same steps in loops.
 """
 
+import datetime
 import logging
 import threading
 import time
 
 from django.db import connection
-from django.db.models import Max, Min
+from django.db.models import Max, Min, Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from deliveries import metrics
 from deliveries.engine import attempts
 from deliveries.engine.attempts import AttemptResult
-from deliveries.engine.breaker import Breakers
+from deliveries.engine.breaker import Breakers, CircuitBreaker
 from deliveries.engine.channel import Channel
 from deliveries.engine.claims import Claimer, Overflow, read_body
 from deliveries.engine.config import EngineConfig
+from deliveries.engine.control import TargetControl
 from deliveries.engine.gate import TargetGate
 from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
+from deliveries.engine.ordered import OrderedLanes
+from deliveries.engine.ratelimit import RateLimits
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
+from deliveries.engine.targetcache import TargetCache, TargetState
 from deliveries.engine.task import Task
 from deliveries.engine.writer import ResultWriter, Written
+from deliveries.filters import matches
 from deliveries.models import Delivery
 
 logger = logging.getLogger("deliveries.engine")
@@ -60,12 +66,30 @@ class Engine:
         self.channel = Channel(config.channel_size)
         self.gate = TargetGate(concurrency=config.target_concurrency)
         self.overflow = Overflow()
-        self.claimer = Claimer(inflight=self.inflight, gate=self.gate, overflow=self.overflow)
+        self.targets = TargetCache(clock=clock)
+        self.lanes = OrderedLanes()
+        self.claimer = Claimer(
+            inflight=self.inflight,
+            gate=self.gate,
+            overflow=self.overflow,
+            targets=self.targets,
+            lanes=self.lanes,
+        )
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
         self.breakers = Breakers(clock=clock, cooldown=config.breaker_cooldown)
+        self.limits = RateLimits()
+        self.control = TargetControl(
+            targets=self.targets,
+            disable_after=config.disable_after,
+            alert_breaker_after=config.alert_breaker_after,
+        )
         self.writer = ResultWriter(on_written=self.written)
         self.intake = Intake(
-            claimer=self.claimer, channel=self.channel, dispatch=self.dispatch, clock=clock
+            claimer=self.claimer,
+            channel=self.channel,
+            dispatch=self.dispatch,
+            hurry=self.hurry,
+            clock=clock,
         )
 
     def stop(self) -> None:
@@ -94,8 +118,70 @@ class Engine:
         )
 
     def intake_once(self) -> int:
-        """One intake pass; return tasks queued."""
+        """Bring the targets up to date, then one intake pass; return tasks queued."""
+        self.refresh_targets()
         return self.intake.run_once()
+
+    def refresh_targets(self, *, force: bool = False) -> None:
+        """Apply what changed in the targets' rows (targetcache.TargetCache.refresh)."""
+        changed, deleted = self.targets.refresh(force=force)
+        for old in deleted:
+            self._let_go(old.id)  # its rows are gone with it
+        for old, new in changed:
+            if new.held and not old.held:
+                self._let_go(new.id)  # paused or deactivated: its rows wait in the database
+            elif old.held and not new.held:
+                self._take_up(new)
+            else:
+                if (old.type, old.config) != (new.type, new.config):
+                    # Re-pointed: what the old receiver did says nothing of the new one.
+                    self.breakers.forget(new.id)
+                    self._send_deferred(new.id)
+                if old.rate_limit != new.rate_limit:
+                    self.limits.forget(new.id)
+                if old.ordered != new.ordered:
+                    self._let_go(new.id)
+                    self._take_up(new)
+
+    def _let_go(self, target_id: int) -> None:
+        """Drop the target's waiting tasks from memory; attempts running finish."""
+        for task in self.scheduler.take(lambda t: t.target_id == target_id):
+            self.release(task)
+        for task in self.gate.drain_parked(target_id):
+            self.release(task)
+        self.breakers.forget(target_id)
+        self.limits.forget(target_id)
+        self.lanes.forget(target_id)
+
+    def _take_up(self, state: TargetState) -> None:
+        """Read the target's unfinished deliveries again, from the oldest."""
+        if state.ordered:
+            self.lanes.note(state.id)
+        else:
+            self.overflow.note(state.id, 0)
+        self.wake_event.set()
+
+    def hurry(self, delivery_ids) -> None:
+        """Rows set back to pending while their task waits here for its retry (the
+        admin's "retry now"): attempt them now. A task waiting for its breaker or a
+        rate-limit slot waits on: that wait protects the receiver, not a backoff."""
+        ids = set(delivery_ids)
+        waiting = self.scheduler.take(
+            lambda t: (
+                t.delivery_id in ids
+                and t.status == Delivery.Status.RETRYING
+                and not (t.deferred or t.slotted)
+            )
+        )
+        for task in waiting:
+            task.status = Delivery.Status.PENDING  # as the row says now
+            self.channel.put(task)
+
+    def _send_deferred(self, target_id: int) -> None:
+        """The target's breaker closed (or was reset): its deferred tasks go now."""
+        for task in self.scheduler.take(lambda t: t.target_id == target_id and t.deferred):
+            task.deferred = False
+            self.channel.put(task)
 
     def dispatch(self, task: Task) -> None:
         """Send a freshly claimed task on its way: now, or at its retry time."""
@@ -135,36 +221,103 @@ class Engine:
                 task = self.gate.leave(task.target_id)
 
     def attempt(self, task: Task) -> None:
-        """Attempt the task once, or write the result an earlier turn could not."""
+        """Attempt the task once, with its target as it is now, or write the result
+        an earlier turn could not."""
         if task.unwritten is not None:
             self.finish(task.unwritten)
             return
-        breaker = self.breakers.get(task.target_id) if attempts.retries(task) else None
+        state = self.targets.get(task.target_id)
+        if state is None or state.held:
+            # Deleted (its rows went with it), or paused or inactive (its rows wait
+            # in the database, and are read again when it is resumed).
+            self.release(task)
+            return
+        task.target = state
+        try:
+            body = read_body(task) if state.filters else None
+        except DatabaseError:
+            self._database_trouble(task)
+            return
+        if body is not None and not matches(state.filters, task.headers, body):
+            self.finish(attempts.filtered(task))
+            return
+        breaker = self.breakers.get(task.target_id) if state.retries else None
         if breaker is not None:
             retry_at = breaker.allow()
             if retry_at is not None:
                 # Deferred, not attempted: ownership kept, attempt not counted.
+                task.deferred = True
                 self.schedule(task, retry_at)
                 return
+        task.deferred = False
+        if state.rate_limit > 0 and not task.slotted:
+            now = self.clock()
+            slot = self.limits.reserve(task.target_id, state.rate_limit, now)
+            if slot > now:
+                task.slotted = True  # its slot is reserved: attempted when it comes
+                self.schedule(task, slot)
+                return
+        task.slotted = False
         try:
-            body = read_body(task)
+            body = read_body(task) if body is None else body
         except DatabaseError:
-            # The engine's trouble, not the target's: no attempt is made or counted.
-            logger.warning(
-                "delivery %s: database unavailable; trying again shortly",
-                task.delivery_id,
-                exc_info=True,
-            )
-            connection.close()
-            self.schedule(task, self.clock() + self.WRITE_RETRY)
+            self._database_trouble(task)
             return
         result = attempts.attempt(
             task, body, base=self.config.backoff_base, cap=self.config.backoff_cap
         )
         if breaker is not None:
-            breaker.record(result.outcome.success)
-        metrics.attempt_made(task.target_type, result.status, result.duration_ms)
+            change = breaker.record(result.outcome.success)
+            if change == CircuitBreaker.CLOSED:
+                self._send_deferred(task.target_id)  # the probe got through
+            elif change == CircuitBreaker.OPEN:
+                self._date_deferred(task.target_id, breaker.opened_until)
+        metrics.attempt_made(state.type, result.status, result.duration_ms)
         self.finish(result)
+
+    def _database_trouble(self, task: Task) -> None:
+        # The engine's trouble, not the target's: no attempt is made or counted.
+        logger.warning(
+            "delivery %s: database unavailable; trying again shortly",
+            task.delivery_id,
+            exc_info=True,
+        )
+        connection.close()
+        self.schedule(task, self.clock() + self.WRITE_RETRY)
+
+    def _date_deferred(self, target_id: int, until: float) -> None:
+        """The breaker opened: the target's unfinished deliveries will not be tried
+        before `until`, so their next_attempt_at says so (the admin shows it)."""
+        at = timezone.now() + datetime.timedelta(seconds=max(0.0, until - self.clock()))
+        try:
+            Delivery.objects.unfinished().filter(target_id=target_id).filter(
+                Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at)
+            ).update(next_attempt_at=at)
+        except DatabaseError:
+            logger.warning("could not date the deferred deliveries of target %s", target_id)
+            connection.close()
+
+    def alert_once(self) -> int:
+        """Raise the alerts that are due (breakers open too long, targets that
+        paused themselves) and send them; return how many went out."""
+        self.control.breakers_open(self.breakers.not_closed(), self.clock())
+        return self.control.send_alerts()
+
+    def breaker_states(self) -> dict:
+        """Every breaker that is not closed, as the heartbeat row publishes them."""
+        now, wall = self.clock(), timezone.now()
+
+        def at(clock_time):
+            return (wall + datetime.timedelta(seconds=clock_time - now)).isoformat()
+
+        return {
+            str(target_id): {
+                "state": breaker.state,
+                "since": at(breaker.open_since) if breaker.open_since is not None else None,
+                "until": at(breaker.opened_until),
+            }
+            for target_id, breaker in self.breakers.not_closed().items()
+        }
 
     # --- finish ------------------------------------------------------------------
 
@@ -187,6 +340,9 @@ class Engine:
             self.schedule(task, self.clock() + self.WRITE_RETRY)
             return
         task.unwritten = None
+        if written is Written.COMMITTED and self.control.after(result):
+            # The target paused itself: make sure nothing more of it is sent.
+            self.refresh_targets(force=True)
         if written is Written.COMMITTED and result.status == Delivery.Status.RETRYING:
             task.attempts += 1
             task.status = result.status
@@ -208,5 +364,6 @@ class Engine:
         """The engine is done with the task in memory."""
         overflowed = task.target_id in self.overflow
         self.claimer.release(task)
-        if overflowed:
-            self.wake_event.set()  # the target has room: let intake drain it
+        head = self.lanes.done(task.target_id, task.delivery_id)
+        if overflowed or head:
+            self.wake_event.set()  # the target has room, or its next head may go

@@ -65,8 +65,11 @@ class TargetGate:
                 del self._running[target_id]
             return None
 
-    def drain_parked(self) -> list:
+    def drain_parked(self, target_id: int | None = None) -> list:
+        """Take the parked tasks out, of one target or of all."""
         with self._lock:
+            if target_id is not None:
+                return list(self._parked.pop(target_id, ()))
             tasks = [task for parked in self._parked.values() for task in parked]
             self._parked.clear()
             return tasks

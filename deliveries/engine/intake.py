@@ -34,12 +34,14 @@ class Intake:
     # out of order just before the start are read by the first passes.
     START_MARGIN = 1_000
 
-    def __init__(self, *, claimer, channel, dispatch, clock=time.monotonic):
+    def __init__(self, *, claimer, channel, dispatch, hurry, clock=time.monotonic):
         self.claimer = claimer
         self.channel = channel
         # Pending rows go to the channel, retrying ones (overflow drains can meet
         # them) to the scheduler at their time: never earlier than their backoff.
         self.dispatch = dispatch
+        # Requeued rows the engine already holds for a later retry go now.
+        self.hurry = hurry
         self.clock = clock
         self.cursor = 0
         # The highest id the cursor has seen: a gap is a missing id between two
@@ -76,11 +78,40 @@ class Intake:
                 break
             rows, commit = source(room)
             tasks = self.claimer.claim(rows)
-            commit()
+            commit(tasks)
             for task in tasks:
                 self.dispatch(task)
             dispatched += len(tasks)
             room -= len(tasks)
+        if room > 0:
+            dispatched += self._heads(room)
+        return dispatched
+
+    def _heads(self, room) -> int:
+        """The next delivery of each ordered target with none in flight."""
+        dispatched = 0
+        lanes, targets = self.claimer.lanes, self.claimer.targets
+        for target_id in lanes.waiting():
+            if dispatched >= room:
+                self.more = True
+                break
+            state = targets.get(target_id)
+            if state is None or state.held or not state.ordered:
+                lanes.forget(target_id)  # taken up again when resumed or made ordered
+                continue
+            head = list(
+                Delivery.objects.unfinished()
+                .filter(target_id=target_id)
+                .order_by("event__received_at", "event_id", "id")
+                .values_list(*CANDIDATE_FIELDS)[:1]
+            )
+            if not head:
+                lanes.forget(target_id)  # noted again when a delivery comes
+                continue
+            for task in self.claimer.claim(head, head=True):
+                lanes.start(target_id, task.delivery_id)
+                self.dispatch(task)
+                dispatched += 1
         return dispatched
 
     def _from_gaps(self, room):
@@ -94,7 +125,7 @@ class Intake:
             return [], _nothing
         rows = list(Delivery.objects.filter(id__in=ids).values_list(*CANDIDATE_FIELDS))
 
-        def commit():
+        def commit(tasks):
             for row in rows:  # filled: committed at last, whatever its status now
                 self.gaps.pop(row[0], None)
 
@@ -111,7 +142,7 @@ class Intake:
         if not rows:
             return rows, _nothing
 
-        def commit():
+        def commit(tasks):
             now = self.clock()
             for row in rows:
                 low = max(self.last_seen or 0, self.gap_floor) + 1
@@ -137,10 +168,16 @@ class Intake:
             .values_list(*CANDIDATE_FIELDS)[:room]
         )
 
-        def commit():
+        def commit(tasks):
             # Rotate: rows still owned are passed over, and the scan starts again
             # at the beginning once it reaches the end.
             self.requeue_pos = rows[-1][0] if len(rows) == room else 0
+            # A row still owned may be waiting here for a retry someone asked to
+            # hurry ("retry now" set it back to pending).
+            claimed = {task.delivery_id for task in tasks}
+            owned = [row[0] for row in rows if row[0] not in claimed]
+            if owned:
+                self.hurry(owned)
 
         return rows, commit
 
@@ -168,12 +205,12 @@ class Intake:
             rows.extend(batch)
             room -= len(batch)
 
-        def commit():
+        def commit(tasks):
             for advance in advances:
                 self.claimer.overflow.advance(*advance)
 
         return rows, commit
 
 
-def _nothing():
+def _nothing(tasks):
     pass

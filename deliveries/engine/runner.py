@@ -6,6 +6,7 @@
 | intake       | IntakeLoop: woken or polling  | the engine stops                    |
 | recovery     | Every(recovery_interval)      | the engine stops                    |
 | heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops (or the lock goes) |
+| alerts       | Every(ALERTS)                 | the engine stops                    |
 | housekeeping | Every(daily, first after 60 s)| the engine stops                    |
 | scheduler    | RetryScheduler.run            | scheduler.stop() in shutdown        |
 | writer       | ResultWriter.run              | its stop event, once nothing is left|
@@ -116,6 +117,8 @@ class Runner:
     # Graceful stop waits this long for running attempts: the longest per-target
     # timeout a config may set, plus a margin.
     DRAIN_TIMEOUT = 310.0
+    # Seconds between two looks for alerts to raise and send.
+    ALERTS = 1.0
     # Retention runs a minute after start, then daily.
     PRUNE_FIRST = 60.0
     PRUNE_INTERVAL = 24 * 3600.0
@@ -141,6 +144,7 @@ class Runner:
         self.heartbeat = Every(
             "heartbeat", self.beat, stop_event=stop, interval=EngineStatus.HEARTBEAT_INTERVAL
         )
+        self.alerts = Every("alerts", engine.alert_once, stop_event=stop, interval=self.ALERTS)
         self.housekeeping = Every(
             "housekeeping",
             self.prune,
@@ -166,7 +170,7 @@ class Runner:
         if once:  # no claimant but the caller's thread (_run_until_idle)
             loops = [self.heartbeat]
         else:
-            loops = [self.intake, self.recovery, self.heartbeat, self.housekeeping]
+            loops = [self.intake, self.recovery, self.heartbeat, self.alerts, self.housekeeping]
         for loop in loops:
             self._spawn(loop.name, loop.run)
         if self.listener is not None:
@@ -204,6 +208,7 @@ class Runner:
             engine.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
         self._join("heartbeat", timeout)
+        self._join("alerts", timeout)
         self._join("housekeeping", timeout)
         try:
             connection.close_if_unusable_or_obsolete()
@@ -231,6 +236,7 @@ class Runner:
             "busy_workers": self.workers.busy(),
             "workers": engine.config.workers,
             "open_breakers": engine.breakers.open_count(),
+            "breakers": engine.breaker_states(),
         }
 
     # --- the loops' steps ----------------------------------------------------------

@@ -24,10 +24,6 @@ class Task:
     event_code: uuid.UUID
     webhook_id: int
     target_id: int
-    target_type: str
-    target_active: bool
-    config: dict
-    max_retries: int
     attempts: int
     method: str
     headers: list
@@ -40,3 +36,11 @@ class Task:
     # An attempt whose result could not be written yet (attempts.AttemptResult);
     # the next turn writes it instead of attempting again.
     unwritten: object | None = field(default=None, repr=False)
+    # The target as it is in the database for this attempt (targetcache.TargetState),
+    # set by the engine just before each attempt: never kept from an earlier one.
+    target: object | None = field(default=None, repr=False)
+    # Waiting for the target's circuit breaker, not for a backoff: a probe that
+    # succeeds sends it at once.
+    deferred: bool = False
+    # Holds a slot of the target's rate limit: attempted when it comes due.
+    slotted: bool = False

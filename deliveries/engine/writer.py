@@ -110,15 +110,18 @@ def write_results(batch: list[AttemptResult]) -> set[int]:
             rows.append(
                 (
                     result.status,
-                    result.number,
+                    result.attempts,
                     ops.adapt_datetimefield_value(next_at),
                     ops.adapt_datetimefield_value(now),
                     delivery_id,
                 )
             )
+            if outcome is None:  # filtered: no attempt was made
+                continue
             records.append(
                 DeliveryResult(
                     delivery_id=delivery_id,
+                    target_id=result.task.target_id,
                     attempt=result.number,
                     success=outcome.success,
                     status_code=outcome.status_code,

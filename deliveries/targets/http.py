@@ -124,7 +124,7 @@ class HttpTarget(TargetType):
         }
 
     def deliver(self, task, body):
-        config = task.config
+        config = task.target.config
         return transport.post(
             config["url"],
             data=body,

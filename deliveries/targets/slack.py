@@ -45,7 +45,7 @@ class SlackTarget(TargetType):
     def deliver(self, task, body):
         payload = json.dumps({"text": format_message(task, body)}).encode()
         return transport.post(
-            task.config["webhook_url"],
+            task.target.config["webhook_url"],
             data=payload,
             headers={"Content-Type": "application/json"},
             timeout=None,

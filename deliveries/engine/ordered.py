@@ -1,0 +1,46 @@
+"""Ordered targets: one delivery at a time, in event order.
+
+An ordered target's deliveries are never claimed as they come (intake, recovery
+and the overflow drain skip them and note the target here). Instead intake reads
+the target's head — its oldest unfinished delivery by (event received_at, event
+id, id) — and claims that alone. The head holds the lane through its retries;
+only when it is released (delivered, or failed and the target paused) is the next
+head read. So a target sees its events strictly in order, and a head that fails
+for good stops the line instead of being skipped.
+"""
+
+import threading
+
+
+class OrderedLanes:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiting: set[int] = set()  # targets whose next head is to be read
+        self._heads: dict[int, int] = {}  # target id -> the head delivery in flight
+
+    def note(self, target_id: int) -> None:
+        """The target may have unfinished deliveries: read its head when free."""
+        with self._lock:
+            self._waiting.add(target_id)
+
+    def waiting(self) -> list[int]:
+        with self._lock:
+            return [t for t in self._waiting if t not in self._heads]
+
+    def start(self, target_id: int, delivery_id: int) -> None:
+        with self._lock:
+            self._heads[target_id] = delivery_id
+
+    def done(self, target_id: int, delivery_id: int) -> bool:
+        """The task let go; True if it was its target's head (the next may go)."""
+        with self._lock:
+            if self._heads.get(target_id) != delivery_id:
+                return False
+            del self._heads[target_id]
+            self._waiting.add(target_id)
+            return True
+
+    def forget(self, target_id: int) -> None:
+        """Nothing to read now: no unfinished delivery, or the target is held."""
+        with self._lock:
+            self._waiting.discard(target_id)
