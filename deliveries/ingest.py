@@ -10,13 +10,14 @@ exactly the columns the models define, values prepared by the models' own fields
 from __future__ import annotations
 
 import ipaddress
+import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from deliveries import wake
+from deliveries import verification, wake
 from deliveries.models import Delivery, Entrypoint, Event, Target
 
 
@@ -25,6 +26,9 @@ class Stored:
     event_id: int
     code: uuid.UUID
     deliveries: int
+    # A repeat of a kept event's provider id: nothing was stored, and event_id and
+    # code are the first event's.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +39,12 @@ class Inbound:
     webhook_id: int
     webhook_code: uuid.UUID
     active: bool
+    code: uuid.UUID | None = None
+    verification: str = "none"
+    verification_config: dict = field(default_factory=dict, repr=False)
+    dedup: bool = False
+    # Where provider event ids are read from ("" when nowhere).
+    id_source: str = ""
 
 
 def _tables():
@@ -51,7 +61,8 @@ def _tables():
 def find_entrypoint(code: uuid.UUID) -> Inbound | None:
     t = _tables()
     sql = (
-        f"SELECT e.id, e.webhook_id, w.code, e.active FROM {t['entrypoint']} e "
+        f"SELECT e.id, e.webhook_id, w.code, e.active, e.verification, e.verification_config, "
+        f"e.dedup, e.dedup_source FROM {t['entrypoint']} e "
         f"JOIN {t['webhook']} w ON w.id = e.webhook_id WHERE e.code = %s"
     )
     prep = Entrypoint._meta.get_field("code").get_db_prep_value(code, connection)
@@ -61,7 +72,22 @@ def find_entrypoint(code: uuid.UUID) -> Inbound | None:
     if row is None:
         return None
     webhook_code = row[2] if isinstance(row[2], uuid.UUID) else uuid.UUID(row[2])
-    return Inbound(id=row[0], webhook_id=row[1], webhook_code=webhook_code, active=bool(row[3]))
+    preset, config, dedup, dedup_source = row[4:8]
+    if preset == "none":
+        config = {}
+    elif isinstance(config, str | bytes):
+        config = json.loads(config)
+    return Inbound(
+        id=row[0],
+        webhook_id=row[1],
+        webhook_code=webhook_code,
+        active=bool(row[3]),
+        code=code,
+        verification=preset,
+        verification_config=config,
+        dedup=bool(dedup),
+        id_source=verification.id_source(preset, dedup_source),
+    )
 
 
 def store_event(
@@ -72,12 +98,18 @@ def store_event(
     body: bytes,
     content_type: str,
     remote_addr: str | None,
+    provider_id: str = "",
+    dedup: bool = False,
 ) -> Stored:
     """Store the event and one pending delivery per active target, atomically.
 
     Returns only after COMMIT, so the caller's 200 promises both are durable
     (invariant 1 in docs/architecture.md). The engine is woken after the commit; a lost wake-up
     costs latency, never a delivery, because the rows themselves are the message.
+
+    With `dedup` and a `provider_id`, an event of the webhook kept with the same
+    provider id makes this a duplicate: nothing is stored, the first event counts
+    one more receipt, and its id and code are returned with duplicate=True.
     """
     t = _tables()
     ops = connection.ops
@@ -92,13 +124,20 @@ def store_event(
         body,
         len(body),
         content_type,
-        _ip_or_none(remote_addr),
+        ip_or_none(remote_addr),
         now,
+        provider_id,
+        deduplicated := bool(dedup and provider_id),
+        0,
     ]
+    # The unique index event_provider_id_uniq decides between concurrent posts of
+    # one provider id: the loser's insert does nothing (after waiting for the
+    # winner's transaction on PostgreSQL) and it answers with the winner's event.
     insert_event = (
         f"INSERT INTO {t['event']} (code, webhook_id, entrypoint_id, method, headers, body, "
-        "body_size, content_type, remote_addr, received_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id"
+        "body_size, content_type, remote_addr, received_at, provider_id, deduplicated, "
+        "duplicates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        f"{'ON CONFLICT DO NOTHING ' if deduplicated else ''}RETURNING id"
     )
     # One statement reads the active targets and writes their deliveries inside
     # the transaction: a target switched off a moment ago gets no delivery, one
@@ -110,8 +149,17 @@ def store_event(
         "WHERE webhook_id = %s AND active"
     )
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(insert_event, event_values)
-        event_id = cursor.fetchone()[0]
+        while True:
+            cursor.execute(insert_event, event_values)
+            row = cursor.fetchone()
+            if row is not None:
+                break
+            first = _count_duplicate(cursor, t, entrypoint.webhook_id, provider_id)
+            if first is not None:
+                return first
+            # The first event was deleted (retention) after our insert met it: its
+            # provider id is free again, so this one is stored after all.
+        event_id = row[0]
         cursor.execute(
             insert_deliveries,
             [event_id, Delivery.Status.PENDING, now, now, entrypoint.webhook_id],
@@ -122,7 +170,22 @@ def store_event(
     return Stored(event_id=event_id, code=code, deliveries=deliveries)
 
 
-def _ip_or_none(value: str | None) -> str | None:
+def _count_duplicate(cursor, t, webhook_id: int, provider_id: str) -> Stored | None:
+    """Count one more receipt of the kept event with this provider id; None if
+    there is none any more."""
+    cursor.execute(
+        f"UPDATE {t['event']} SET duplicates = duplicates + 1 "
+        "WHERE webhook_id = %s AND provider_id = %s AND deduplicated RETURNING id, code",
+        [webhook_id, provider_id],
+    )
+    row = cursor.fetchone()
+    if row is None:
+        return None
+    code = row[1] if isinstance(row[1], uuid.UUID) else uuid.UUID(row[1])
+    return Stored(event_id=row[0], code=code, deliveries=0, duplicate=True)
+
+
+def ip_or_none(value: str | None) -> str | None:
     if not value:
         return None
     try:

@@ -20,6 +20,16 @@ EVENT_BYTES = Histogram(
     ["webhook"],
     buckets=(256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 10485760),
 )
+REJECTIONS = Counter(
+    "webhooker_events_rejected_total",
+    "Requests refused with 401 because they failed their entrypoint's verification.",
+    ["entrypoint"],
+)
+DUPLICATES = Counter(
+    "webhooker_events_duplicate_total",
+    "Repeats of a kept event's provider id, answered without storing anything.",
+    ["webhook"],
+)
 ATTEMPTS = Counter(
     "webhooker_delivery_attempts_total",
     "Delivery attempts by target type and the delivery's status after the attempt "
@@ -37,6 +47,14 @@ ATTEMPT_SECONDS = Histogram(
 def event_received(webhook_code, size: int) -> None:
     EVENTS.labels(webhook=str(webhook_code)).inc()
     EVENT_BYTES.labels(webhook=str(webhook_code)).observe(size)
+
+
+def event_rejected(entrypoint_code) -> None:
+    REJECTIONS.labels(entrypoint=str(entrypoint_code)).inc()
+
+
+def event_duplicate(webhook_code) -> None:
+    DUPLICATES.labels(webhook=str(webhook_code)).inc()
 
 
 def attempt_made(target_type: str, outcome: str, duration_ms: int) -> None:

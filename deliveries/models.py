@@ -9,8 +9,9 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from deliveries import targets, wake
+from deliveries import targets, verification, wake
 from deliveries.filters import clean_filters
+from deliveries.signing import new_secret
 from deliveries.targets.base import require_url
 
 
@@ -86,8 +87,33 @@ class Entrypoint(models.Model):
         editable=False,
         help_text="The inbound URL is /webhook/<code>.",
     )
+    # One member per preset of the verification registry: Verification.GITHUB == "github".
+    Verification = models.TextChoices(
+        "Verification", [(name.upper(), (name, label)) for name, label in verification.choices()]
+    )
+
     description = models.CharField(max_length=200, blank=True)
     active = models.BooleanField(default=True, help_text="An inactive entrypoint answers 410 Gone.")
+    verification = models.CharField(
+        max_length=32,
+        choices=Verification.choices,
+        default=Verification.NONE,
+        help_text="How a request proves it comes from the sender; one that fails is "
+        "answered 401 and stores nothing.",
+    )
+    # The preset's settings, e.g. {"secret": "..."} (see deliveries/verification.py).
+    verification_config = models.JSONField(default=dict, blank=True)
+    dedup = models.BooleanField(
+        default=False,
+        help_text="Store a provider's event only once: a repeat of its event id, while "
+        "the first is kept, is answered with the first event's code.",
+    )
+    dedup_source = models.CharField(
+        max_length=255,
+        blank=True,
+        help_text="Where the provider's event id is: header:Name or json:dotted.path "
+        "(blank: the verification preset's default).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = EntrypointQuerySet.as_manager()
@@ -101,10 +127,90 @@ class Entrypoint(models.Model):
     def get_absolute_url(self):
         return f"/webhook/{self.code}"
 
+    def clean_fields(self, exclude=None):
+        # The config is checked against the preset here, not in clean(), because
+        # only clean_fields() is told what a ModelForm leaves out (as for Target).
+        exclude = exclude or ()
+        errors = {}
+        try:
+            super().clean_fields(exclude)
+        except ValidationError as exc:
+            errors = exc.error_dict
+        checks = {
+            "verification_config": lambda: verification.clean_config(
+                self.verification, self.verification_config
+            ),
+            "dedup_source": lambda: verification.clean_id_source(self.dedup_source),
+        }
+        for name, check in checks.items():
+            if name not in exclude and name not in errors and "verification" not in errors:
+                try:
+                    setattr(self, name, check())
+                except ValidationError as exc:
+                    errors[name] = exc.messages
+        if errors:
+            raise ValidationError(errors)
+
+    def clean(self):
+        if self.dedup and not self.id_source:
+            raise ValidationError(
+                {"dedup_source": "Deduplication needs to know where the event id is."}
+            )
+
+    @property
+    def id_source(self) -> str:
+        """Where provider event ids are read from ("" when nowhere)."""
+        return verification.id_source(self.verification, self.dedup_source)
+
     def inbound_url(self, request) -> str:
         """The full URL senders post to: WEBHOOKER_PUBLIC_URL, else this request's host."""
         base = settings.WEBHOOKER_PUBLIC_URL or request.build_absolute_uri("/")[:-1]
         return f"{base}{self.get_absolute_url()}"
+
+
+class RejectionQuerySet(OwnedQuerySet):
+    owner_path = "entrypoint__webhook__owner"
+
+    def record(self, entrypoint_id: int, remote_addr: str | None, reason: str) -> None:
+        """Keep a failed verification, and only the newest KEEP per entrypoint.
+
+        The prune deletes below the KEEP-th newest id through the entrypoint's
+        index: a few rows at a time, however long a flood of forgeries goes on.
+        """
+        with transaction.atomic(using=self.db):
+            self.create(entrypoint_id=entrypoint_id, remote_addr=remote_addr, reason=reason[:200])
+            oldest_kept = (
+                self.filter(entrypoint_id=entrypoint_id)
+                .order_by("-id")
+                .values("id")[Rejection.KEEP - 1 : Rejection.KEEP]
+            )
+            self.filter(entrypoint_id=entrypoint_id, id__lt=models.Subquery(oldest_kept)).delete()
+
+
+class Rejection(models.Model):
+    """A request an entrypoint refused because it failed verification: why the
+    sender's events stopped showing up."""
+
+    KEEP = 100
+
+    entrypoint = models.ForeignKey(
+        Entrypoint, models.CASCADE, related_name="rejections", db_index=False
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    remote_addr = models.GenericIPAddressField(null=True, blank=True)
+    reason = models.CharField(max_length=200)
+
+    objects = RejectionQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # An entrypoint's newest rejections (admin), and the prune on insert.
+            models.Index(fields=["entrypoint", "-id"], name="rejection_entrypoint_idx"),
+        ]
+
+    def __str__(self):
+        return self.reason
 
 
 class TargetQuerySet(OwnedQuerySet):
@@ -171,6 +277,17 @@ class Target(models.Model):
         blank=True,
         help_text="Deliver only events matching every rule; others end as 'filtered'.",
     )
+    signing = models.BooleanField(
+        default=True,
+        help_text="Sign HTTP deliveries (Standard Webhooks headers). Off only for "
+        "receivers that refuse unknown headers.",
+    )
+    # The current Standard Webhooks secret (whsec_...), made when the target is.
+    signing_secret = models.CharField(max_length=100, default=new_secret, editable=False)
+    # The secret the last rotation replaced: still signed with until
+    # secret_rotated_at + SIGNING_ROTATION_OVERLAP, so receivers can switch over.
+    previous_signing_secret = models.CharField(max_length=100, blank=True, editable=False)
+    secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
     # When the current run of failed attempts began (None: the last one succeeded).
     # Written by the engine on transitions only; auto-disable reads it.
     failing_since = models.DateTimeField(null=True, blank=True, editable=False)
@@ -208,6 +325,26 @@ class Target(models.Model):
                 errors["filters"] = exc.error_list
         if errors:
             raise ValidationError(errors)
+
+    def rotate_signing_secret(self) -> str:
+        """A new signing secret; the current one stays valid for the rotation overlap.
+
+        One UPDATE, so the old secret kept is the one in the database, whatever this
+        instance read; updated_at moves with it, which makes the engine re-read the
+        target. Returns the new secret.
+        """
+        now = timezone.now()
+        new = new_secret()
+        Target.objects.filter(pk=self.pk).update(
+            previous_signing_secret=models.F("signing_secret"),
+            signing_secret=new,
+            secret_rotated_at=now,
+            updated_at=now,
+        )
+        self.refresh_from_db(
+            fields=["signing_secret", "previous_signing_secret", "secret_rotated_at", "updated_at"]
+        )
+        return new
 
 
 class EventQuerySet(OwnedQuerySet):
@@ -275,6 +412,14 @@ class Event(models.Model):
     content_type = models.CharField(max_length=255, blank=True)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
+    # The sender's own id of the event (X-GitHub-Delivery, Stripe's "id"...), when
+    # the entrypoint knows where it is; "" otherwise.
+    provider_id = models.CharField(max_length=255, blank=True, default="")
+    # Stored by a deduplicating entrypoint: no other such event of the webhook may
+    # have the same provider_id while this one is kept (event_provider_id_uniq).
+    deduplicated = models.BooleanField(default=False)
+    # Repeats of this event answered as duplicates: it was received 1 + duplicates times.
+    duplicates = models.PositiveIntegerField(default=0)
 
     objects = EventQuerySet.as_manager()
 
@@ -285,6 +430,22 @@ class Event(models.Model):
             models.Index(fields=["-received_at", "-id"], name="event_received_idx"),
             # One webhook's events by age: the admin filter and pruneevents.
             models.Index(fields=["webhook", "received_at"], name="event_webhook_received_idx"),
+            # The admin's search by provider id. Partial: most events have none.
+            models.Index(
+                fields=["provider_id"],
+                name="event_provider_id_idx",
+                condition=~models.Q(provider_id=""),
+            ),
+        ]
+        constraints = [
+            # Deduplication: the database, not a read-then-write, decides which of
+            # two concurrent posts of one event id is stored (ingest inserts with
+            # ON CONFLICT DO NOTHING). Deleting the event (retention) frees its id.
+            models.UniqueConstraint(
+                fields=["webhook", "provider_id"],
+                name="event_provider_id_uniq",
+                condition=models.Q(deduplicated=True),
+            ),
         ]
 
     def __str__(self):

@@ -1,8 +1,11 @@
+import time
+
 from django.conf import settings
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from deliveries import ingest, metrics
+from deliveries import ingest, metrics, verification
+from deliveries.models import Rejection
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
 
 # Set by the server, never sent by the client: these describe the request.
@@ -27,6 +30,14 @@ def receive(request, code):
         )
     except BodyMalformed as exc:
         return JsonResponse({"error": str(exc)}, status=400)
+    header = _header_lookup(request.META)
+    if entrypoint.verification != "none":
+        try:
+            verification.check(
+                entrypoint.verification, entrypoint.verification_config, header, body, time.time()
+            )
+        except verification.Rejected as exc:
+            return _reject(entrypoint, request, exc)
     stored = ingest.store_event(
         entrypoint,
         method=request.method,
@@ -34,9 +45,38 @@ def receive(request, code):
         body=body,
         content_type=_clean(request.META.get("CONTENT_TYPE", ""))[:255],
         remote_addr=request.META.get("REMOTE_ADDR"),
+        provider_id=verification.provider_id(entrypoint.id_source, header, body)
+        if entrypoint.id_source
+        else "",
+        dedup=entrypoint.dedup,
     )
+    if stored.duplicate:
+        metrics.event_duplicate(entrypoint.webhook_code)
+        return JsonResponse({"event": str(stored.code), "duplicate": True})
     metrics.event_received(entrypoint.webhook_code, len(body))
     return JsonResponse({"event": str(stored.code), "deliveries": stored.deliveries})
+
+
+def _reject(entrypoint, request, exc):
+    """401 with the reason, kept (the last Rejection.KEEP) and counted."""
+    reason = str(exc)
+    Rejection.objects.record(
+        entrypoint.id, ingest.ip_or_none(request.META.get("REMOTE_ADDR")), reason
+    )
+    metrics.event_rejected(entrypoint.code)
+    response = JsonResponse({"error": f"verification failed: {reason}"}, status=401)
+    if exc.challenge:
+        response["WWW-Authenticate"] = exc.challenge
+    return response
+
+
+def _header_lookup(environ):
+    """A request header by name, as the verification presets ask for them."""
+
+    def header(name: str) -> str | None:
+        return environ.get("HTTP_" + name.upper().replace("-", "_"))
+
+    return header
 
 
 def request_headers(environ) -> list[list[str]]:

@@ -273,6 +273,9 @@ WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS
 WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
 METRICS_USERNAME = env.str("METRICS_USERNAME", default="")
 METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
+# Seconds a rotated-out signing secret still signs deliveries beside the new one:
+# a day lets receivers deploy the new secret without rejecting anything meanwhile.
+SIGNING_ROTATION_OVERLAP = _number("SIGNING_ROTATION_OVERLAP", 86_400.0, cast=float, minimum=0)
 
 # --- Delivery engine (docs/architecture.md, The engine); read when it is built -------------
 DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 10, minimum=1)
