@@ -61,6 +61,14 @@ def _networks(name):
     return values
 
 
+def _rate(name, default):
+    value = env.str(name, default=default).strip()
+    number, _, period = value.partition("/")
+    if not (number.isdigit() and period in ("s", "sec", "m", "min", "h", "hour", "d", "day")):
+        raise ImproperlyConfigured(f"{name}={value!r} is not a rate such as 600/min")
+    return value
+
+
 def _secret_key(data_dir):
     """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key.
 
@@ -129,6 +137,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "axes",
+    "rest_framework",
+    "drf_spectacular",
+    # Swagger UI's files, served from here: the docs page loads nothing from the internet.
+    "drf_spectacular_sidecar",
     "deliveries",
 ]
 
@@ -288,6 +300,37 @@ DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 4, minimum=
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
 DELIVERY_BACKOFF_BASE = _number("DELIVERY_BACKOFF_BASE", 1.0, cast=float, minimum=0)
 DELIVERY_BACKOFF_CAP = _number("DELIVERY_BACKOFF_CAP", 3600.0, cast=float, minimum=0)
+
+# --- REST API (deliveries/api) -----------------------------------------------------
+# Requests per API key, counted in Django's cache (per process unless a shared
+# cache is configured: see deliveries/api/throttling.py).
+API_THROTTLE_RATE = _rate("API_THROTTLE_RATE", "600/min")
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["deliveries.api.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_THROTTLE_CLASSES": ["deliveries.api.throttling.ApiKeyThrottle"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "deliveries.api.pagination.NewestFirst",
+    "DEFAULT_SCHEMA_CLASS": "deliveries.api.schema.ApiSchema",
+    "EXCEPTION_HANDLER": "deliveries.api.errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "webhooker API",
+    "DESCRIPTION": "Webhooks, their entrypoints and targets, events and deliveries: "
+    "everything the admin does. Authenticate with `Authorization: Bearer <API key>`.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and its docs page are public: they describe the API, not anyone's data.
+    "SERVE_AUTHENTICATION": [],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "ENUM_NAME_OVERRIDES": {"DeliveryStatus": "deliveries.models.Delivery.Status"},
+}
 
 LOGGING = {
     "version": 1,

@@ -3,5 +3,6 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("api/v1/", include("deliveries.api.urls")),
     path("", include("deliveries.urls")),
 ]

@@ -1,0 +1,245 @@
+"""What the API reads and writes. Writes are validated by the models' own
+full_clean(), the validation behind the admin's forms (config per target type,
+SSRF checks, filters): the rules exist once, in the models and target types."""
+
+import copy
+
+from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.urls import reverse
+from rest_framework import serializers
+from rest_framework.settings import api_settings
+
+from deliveries.api.filters import EventSelection
+from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+
+
+class OwnedRelatedField(serializers.PrimaryKeyRelatedField):
+    """The id of one of the requesting user's rows: anyone else's "does not exist"."""
+
+    def get_queryset(self):
+        return self.queryset.model.objects.visible_to(self.context["request"].user)
+
+
+class ModelCleaned(serializers.ModelSerializer):
+    """Runs the model's full_clean() on the row as it would be saved."""
+
+    # Fields validated elsewhere: relations by their field, the owner set by the view.
+    clean_exclude: tuple = ()
+    # Fields that cannot change after create.
+    create_only: tuple = ()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        if self.instance is not None and not isinstance(self.instance, list):
+            for name in self.create_only:
+                fields[name].read_only = True
+        return fields
+
+    def validate(self, attrs):
+        row = copy.copy(self.instance) if self.instance is not None else self.Meta.model()
+        for name, value in attrs.items():
+            setattr(row, name, value)
+        try:
+            row.full_clean(
+                exclude=self.clean_exclude, validate_unique=False, validate_constraints=False
+            )
+        except DjangoValidationError as exc:
+            errors = serializers.as_serializer_error(exc)
+            if NON_FIELD_ERRORS in errors:
+                errors[api_settings.NON_FIELD_ERRORS_KEY] = errors.pop(NON_FIELD_ERRORS)
+            raise serializers.ValidationError(errors) from None
+        # Keep what cleaning normalised (a target's config and filters).
+        return {name: getattr(row, name) for name in attrs}
+
+
+class EntrypointBriefSerializer(serializers.ModelSerializer):
+    url = serializers.SerializerMethodField(help_text="The inbound URL: senders POST here.")
+
+    class Meta:
+        model = Entrypoint
+        fields = ["id", "code", "url", "active"]
+
+    def get_url(self, obj) -> str:
+        return obj.inbound_url(self.context["request"])
+
+
+class WebhookSerializer(ModelCleaned):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    entrypoints = EntrypointBriefSerializer(many=True, read_only=True)
+    clean_exclude = ("owner",)
+
+    class Meta:
+        model = Webhook
+        fields = [
+            "id",
+            "code",
+            "name",
+            "description",
+            "retention_days",
+            "alert_url",
+            "owner",
+            "entrypoints",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at"]
+
+
+class EntrypointSerializer(EntrypointBriefSerializer, ModelCleaned):
+    webhook = OwnedRelatedField(
+        queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
+    )
+    clean_exclude = ("webhook",)
+    create_only = ("webhook",)
+
+    class Meta:
+        model = Entrypoint
+        fields = ["id", "webhook", "code", "url", "description", "active", "created_at"]
+        read_only_fields = ["created_at"]
+
+
+class TargetSerializer(ModelCleaned):
+    webhook = OwnedRelatedField(
+        queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
+    )
+    config = serializers.JSONField(
+        required=False,
+        help_text="Per type: http {url, headers?, timeout?}; slack {webhook_url}; "
+        "database and log none.",
+    )
+    clean_exclude = ("webhook",)
+    create_only = ("webhook",)
+
+    class Meta:
+        model = Target
+        fields = [
+            "id",
+            "webhook",
+            "name",
+            "type",
+            "active",
+            "config",
+            "max_retries",
+            "max_queue_size",
+            "ordered",
+            "rate_limit",
+            "filters",
+            "paused",
+            "paused_reason",
+            "paused_at",
+            "failing_since",
+            "created_at",
+            "updated_at",
+        ]
+        # Pausing goes through the pause and resume actions, which the engine hears.
+        read_only_fields = ["paused", "paused_reason", "paused_at", "created_at"]
+
+
+class EventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Event
+        fields = [
+            "id",
+            "code",
+            "webhook",
+            "entrypoint",
+            "method",
+            "content_type",
+            "body_size",
+            "remote_addr",
+            "received_at",
+        ]
+
+
+class EventDetailSerializer(EventSerializer):
+    headers = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField(), min_length=2, max_length=2),
+        help_text="[name, value] pairs in the order received.",
+    )
+    body_url = serializers.SerializerMethodField(help_text="The exact body, downloadable.")
+
+    class Meta(EventSerializer.Meta):
+        fields = [*EventSerializer.Meta.fields, "headers", "body_url"]
+
+    def get_body_url(self, obj) -> str:
+        request = self.context["request"]
+        return request.build_absolute_uri(reverse("api:event-body", args=[obj.pk]))
+
+
+class DeliverySerializer(serializers.ModelSerializer):
+    webhook = serializers.IntegerField(source="webhook_id", read_only=True)
+    event_code = serializers.UUIDField(read_only=True)
+
+    class Meta:
+        model = Delivery
+        fields = [
+            "id",
+            "status",
+            "event",
+            "event_code",
+            "target",
+            "webhook",
+            "attempts",
+            "next_attempt_at",
+            "created_at",
+            "updated_at",
+        ]
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = DeliveryResult
+        fields = [
+            "attempt",
+            "success",
+            "status_code",
+            "duration_ms",
+            "error",
+            "response_body",
+            "created_at",
+        ]
+
+
+class DeliveryDetailSerializer(DeliverySerializer):
+    results = AttemptSerializer(many=True, read_only=True, help_text="Every attempt, in order.")
+
+    class Meta(DeliverySerializer.Meta):
+        fields = [*DeliverySerializer.Meta.fields, "results"]
+
+
+# --- actions ----------------------------------------------------------------------
+
+
+class ReplayRequest(EventSelection):
+    target = OwnedRelatedField(
+        queryset=Target.objects.all(),
+        required=False,
+        help_text="Only to this target (say, one added since), and only its webhook's events.",
+    )
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        target, webhook = attrs.get("target"), attrs.get("webhook")
+        if target is not None and webhook is not None and target.webhook_id != webhook:
+            raise serializers.ValidationError({"target": [f"Not a target of webhook {webhook}."]})
+        return attrs
+
+
+class PauseSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=500, required=False, default="paused through the API")
+
+
+class QueuedSerializer(serializers.Serializer):
+    queued = serializers.IntegerField(help_text="Deliveries queued by this request.")
+
+
+class RedeliveredSerializer(QueuedSerializer):
+    matched = serializers.IntegerField(
+        help_text="Deliveries selected; those pending or retrying were already on their way."
+    )
+
+
+class ReplayedSerializer(QueuedSerializer):
+    redelivered = serializers.IntegerField(help_text="Finished deliveries set back to pending.")
+    created = serializers.IntegerField(help_text="New deliveries, for targets added since.")

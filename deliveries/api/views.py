@@ -1,0 +1,237 @@
+"""The API's resources and actions. Every queryset starts from visible_to(user), the
+admin's ownership rule, so another user's rows answer 404 like missing ones; every
+action calls the same set-based operation as the admin's."""
+
+from django.db import transaction
+from django.db.models import F, QuerySet
+from django.http import HttpResponse, JsonResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+
+from deliveries.api import serializers as s
+from deliveries.api.errors import ErrorSerializer
+from deliveries.api.filters import (
+    DeliveryFilter,
+    DeliverySelection,
+    EventFilter,
+    WebhookChildFilter,
+)
+from deliveries.models import Delivery, Entrypoint, Event, Target, Webhook
+
+# Path ids are digits that fit a database integer; anything else is a 404 at routing.
+ID_PATTERN = r"[0-9]{1,18}"
+
+
+class OwnedViewSet(viewsets.GenericViewSet):
+    model: type
+    lookup_value_regex = ID_PATTERN
+    # The list's query parameters, validated (a QueryFilter), or None.
+    list_filter = None
+
+    def get_queryset(self):
+        queryset = self.model.objects.visible_to(self.request.user)
+        if self.action == "list" and self.list_filter is not None:
+            queryset = self.list_filter(data=self.request.query_params).apply(queryset)
+        return queryset
+
+    def selected(self, queryset, selection) -> QuerySet:
+        """A bulk action's rows: `ids` (each must be visible, else 404) and filters."""
+        queryset = selection.apply(queryset)
+        ids = selection.validated_data.get("ids")
+        if ids:
+            queryset = queryset.filter(pk__in=ids)
+            missing = set(ids) - set(queryset.values_list("pk", flat=True))
+            if missing:
+                name = self.model._meta.verbose_name
+                raise NotFound(f"No such {name}: {', '.join(map(str, sorted(missing)))}.")
+        return queryset
+
+
+class CrudViewSet(
+    mixins.ListModelMixin,
+    mixins.CreateModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    OwnedViewSet,
+):
+    pass
+
+
+@extend_schema_view(list=extend_schema(parameters=[WebhookChildFilter]))
+class EntrypointViewSet(CrudViewSet):
+    """Inbound URLs: each webhook has one or more; senders POST to `url`."""
+
+    model = Entrypoint
+    serializer_class = s.EntrypointSerializer
+    list_filter = WebhookChildFilter
+
+
+class WebhookViewSet(CrudViewSet):
+    """Webhooks: a new one gets its first entrypoint at once."""
+
+    model = Webhook
+    serializer_class = s.WebhookSerializer
+
+    def get_queryset(self):
+        return super().get_queryset().select_related("owner").prefetch_related("entrypoints")
+
+    def perform_create(self, serializer):
+        with transaction.atomic():
+            webhook = serializer.save(owner=self.request.user)
+            webhook.ensure_entrypoint()
+
+
+@extend_schema_view(list=extend_schema(parameters=[WebhookChildFilter]))
+class TargetViewSet(CrudViewSet):
+    """Where a webhook's events go. Validated as in the admin (config per type, SSRF)."""
+
+    model = Target
+    serializer_class = s.TargetSerializer
+    list_filter = WebhookChildFilter
+
+    @extend_schema(
+        operation_id="targets_pause", request=s.PauseSerializer, responses=s.TargetSerializer
+    )
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """Hold the target's deliveries, unattempted, until resumed."""
+        target = self.get_object()
+        form = s.PauseSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        Target.objects.filter(pk=target.pk).pause(form.validated_data["reason"])
+        return self._current(target)
+
+    @extend_schema(operation_id="targets_resume", request=None, responses=s.TargetSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Send what waited, in order."""
+        target = self.get_object()
+        Target.objects.filter(pk=target.pk).resume()
+        return self._current(target)
+
+    def _current(self, target):
+        target.refresh_from_db()
+        return Response(self.get_serializer(target).data)
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[EventFilter]),
+    retrieve=extend_schema(responses=s.EventDetailSerializer),
+)
+class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSet):
+    """Events as received, newest first. Read-only: replay sends them again."""
+
+    model = Event
+    list_filter = EventFilter
+
+    def get_queryset(self):
+        queryset = super().get_queryset()
+        if self.action != "body":
+            # Nothing but the body download reads bodies: not megabytes per page.
+            queryset = queryset.defer("body")
+        if self.action == "list":
+            queryset = queryset.defer("body", "headers")
+        return queryset
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return s.EventDetailSerializer
+        return s.EventSerializer
+
+    def perform_content_negotiation(self, request, force=False):
+        # The body is answered as received whatever the client accepts; errors
+        # are JSON like everywhere else.
+        return super().perform_content_negotiation(request, force=force or self.action == "body")
+
+    @extend_schema(
+        operation_id="events_body",
+        responses={
+            (200, "*/*"): OpenApiResponse(
+                OpenApiTypes.BINARY,
+                description="The exact bytes received, with the Content-Type received.",
+            )
+        },
+    )
+    @action(detail=True, methods=["get"])
+    def body(self, request, pk=None):
+        event = self.get_object()
+        response = HttpResponse(
+            bytes(event.body), content_type=event.content_type or "application/octet-stream"
+        )
+        # Whatever the sender claimed the body is, it must never run as a page on
+        # this origin (the admin's): a download, unsniffed, sandboxed.
+        response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        response["Content-Security-Policy"] = "sandbox; default-src 'none'"
+        return response
+
+    @extend_schema(
+        operation_id="events_replay",
+        request=s.ReplayRequest,
+        responses={200: s.ReplayedSerializer, 404: ErrorSerializer},
+    )
+    @action(detail=False, methods=["post"])
+    def replay(self, request):
+        """Send events again (by `ids` or by filter): finished deliveries back to
+        pending, new ones for targets added since; or only to `target`."""
+        selection = s.ReplayRequest(data=request.data, context=self.get_serializer_context())
+        events = self.selected(self.get_queryset(), selection)
+        reset, created = events.replay(target=selection.validated_data.get("target"))
+        return Response({"queued": reset + created, "redelivered": reset, "created": created})
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[DeliveryFilter]),
+    retrieve=extend_schema(responses=s.DeliveryDetailSerializer),
+)
+class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSet):
+    """One event to one target: its status and every attempt."""
+
+    model = Delivery
+    list_filter = DeliveryFilter
+
+    def get_queryset(self):
+        queryset = (
+            super()
+            .get_queryset()
+            .annotate(webhook_id=F("target__webhook_id"), event_code=F("event__code"))
+        )
+        if self.action == "retrieve":
+            queryset = queryset.prefetch_related("results")
+        return queryset
+
+    def get_serializer_class(self):
+        if self.action == "retrieve":
+            return s.DeliveryDetailSerializer
+        return s.DeliverySerializer
+
+    @extend_schema(
+        operation_id="deliveries_redeliver",
+        request=DeliverySelection,
+        responses={200: s.RedeliveredSerializer, 404: ErrorSerializer},
+    )
+    @action(detail=False, methods=["post"])
+    def redeliver(self, request):
+        """Send finished deliveries again (by `ids` or by filter, e.g. failed ones
+        of a target since a time). Pending and retrying ones are on their way."""
+        selection = DeliverySelection(data=request.data)
+        deliveries = self.selected(Delivery.objects.visible_to(request.user), selection)
+        matched = deliveries.count()
+        return Response({"queued": deliveries.redeliver(), "matched": matched})
+
+    @extend_schema(operation_id="deliveries_retry", request=None, responses=s.QueuedSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request, pk=None):
+        """Retry now: skip what is left of a retrying delivery's backoff."""
+        delivery = self.get_object()
+        return Response({"queued": Delivery.objects.filter(pk=delivery.pk).retry_now()})
+
+
+def not_found(request, *args, **kwargs):
+    """Any other path under /api/v1/: the API's 404, not an HTML page."""
+    return JsonResponse({"error": "Not found.", "fields": {}}, status=404)
