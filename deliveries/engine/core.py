@@ -20,7 +20,7 @@ import threading
 import time
 
 from django.db import connection
-from django.db.models import Max, Min, Q
+from django.db.models import Max, Min
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -41,7 +41,7 @@ from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
 from deliveries.engine.targetcache import TargetCache, TargetState
 from deliveries.engine.task import Task
-from deliveries.engine.writer import ResultWriter, Written
+from deliveries.engine.writer import NotBefore, ResultWriter, Written
 from deliveries.filters import matches
 from deliveries.models import Delivery
 
@@ -272,6 +272,13 @@ class Engine:
                 self._send_deferred(task.target_id)  # the probe got through
             elif change == CircuitBreaker.OPEN:
                 self._date_deferred(task.target_id, breaker.opened_until)
+            if result.status == Delivery.Status.RETRYING and breaker.is_open:
+                # Its retry cannot go before the breaker lets it: schedule it, and
+                # say it, for then; a probe that gets through sends it sooner.
+                wait = breaker.opened_until - self.clock()
+                if wait > result.delay:
+                    result.delay = wait
+                    task.deferred = True
         metrics.attempt_made(state.type, result.status, result.duration_ms)
         self.finish(result)
 
@@ -289,13 +296,7 @@ class Engine:
         """The breaker opened: the target's unfinished deliveries will not be tried
         before `until`, so their next_attempt_at says so (the admin shows it)."""
         at = timezone.now() + datetime.timedelta(seconds=max(0.0, until - self.clock()))
-        try:
-            Delivery.objects.unfinished().filter(target_id=target_id).filter(
-                Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=at)
-            ).update(next_attempt_at=at)
-        except DatabaseError:
-            logger.warning("could not date the deferred deliveries of target %s", target_id)
-            connection.close()
+        self._write(NotBefore(target_id, at))
 
     def alert_once(self) -> int:
         """Raise the alerts that are due (breakers open too long, targets that
@@ -327,10 +328,13 @@ class Engine:
         With the writer's thread running, the worker moves on at once; when steps
         are driven directly (tests, no runner), the result is written here.
         """
+        self._write(result)
+
+    def _write(self, item) -> None:
         if self.writer.running:
-            self.writer.submit(result)
+            self.writer.submit(item)
         else:
-            self.writer.write([result])
+            self.writer.write([item])
 
     def written(self, result: AttemptResult, written: Written) -> None:
         """After the writer's transaction: schedule the retry or let the task go."""

@@ -14,8 +14,10 @@ import enum
 import logging
 import queue
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.db import connection, transaction
+from django.db.models import Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
@@ -38,6 +40,16 @@ class Written(enum.Enum):
     FAILED = "failed"
 
 
+@dataclass(frozen=True, slots=True)
+class NotBefore:
+    """A target's breaker opened: none of its unfinished deliveries will be tried
+    before `at`, and their next_attempt_at should say so. Written in line with the
+    results, after those handed over before it, so none of them undoes it."""
+
+    target_id: int
+    at: datetime.datetime
+
+
 class ResultWriter:
     MAX_BATCH = 500
 
@@ -46,8 +58,8 @@ class ResultWriter:
         self._queue = queue.SimpleQueue()
         self.running = False
 
-    def submit(self, result: AttemptResult) -> None:
-        self._queue.put(result)
+    def submit(self, item: AttemptResult | NotBefore) -> None:
+        self._queue.put(item)
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -74,17 +86,24 @@ class ResultWriter:
         finally:
             self.running = False
 
-    def write(self, batch: list[AttemptResult]) -> None:
-        """Commit a batch of results, then tell `on_written` what became of each."""
+    def write(self, batch: list[AttemptResult | NotBefore]) -> None:
+        """Commit a batch, then tell `on_written` what became of each result."""
+        results = [item for item in batch if isinstance(item, AttemptResult)]
+        dates = [item for item in batch if isinstance(item, NotBefore)]
         try:
-            existing = write_results(batch)
+            with transaction.atomic():
+                existing = write_results(results)
+                for item in dates:
+                    Delivery.objects.unfinished().filter(target_id=item.target_id).filter(
+                        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=item.at)
+                    ).update(next_attempt_at=item.at)
         except DatabaseError:
             logger.warning("writing %d results failed; will retry", len(batch), exc_info=True)
             connection.close()
-            for result in batch:
+            for result in results:
                 self.on_written(result, Written.FAILED)
             return
-        for result in batch:
+        for result in results:
             gone = result.task.delivery_id not in existing
             self.on_written(result, Written.GONE if gone else Written.COMMITTED)
 
