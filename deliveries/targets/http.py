@@ -1,8 +1,12 @@
 import numbers
+import time
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.utils import timezone
 
+from deliveries import signing
 from deliveries.targets import transport
 from deliveries.targets.base import TargetType, TargetURLField, require_url
 
@@ -125,12 +129,34 @@ class HttpTarget(TargetType):
 
     def deliver(self, task, body):
         config = task.target.config
+        headers = forwarded_headers(task, config.get("headers", {}))
+        if task.target.signing:
+            sign(headers, task, body)
         return transport.post(
             config["url"],
             data=body,
-            headers=forwarded_headers(task, config.get("headers", {})),
+            headers=headers,
             timeout=config.get("timeout"),
         )
+
+
+def sign(headers: dict, task, body: bytes) -> None:
+    """Add the Standard Webhooks headers for this attempt, in place of any the
+    sender's own request carried (they would not verify with our secret)."""
+    target = task.target
+    secrets = signing.valid_secrets(
+        target.signing_secret,
+        target.previous_signing_secret,
+        target.secret_rotated_at,
+        timezone.now(),
+        settings.SIGNING_ROTATION_OVERLAP,
+    )
+    if not secrets:
+        return
+    for name in [n for n in headers if n.lower() in signing.HEADERS]:
+        del headers[name]
+    msg_id = signing.message_id(task.event_code, task.target_id)
+    headers.update(signing.headers(secrets, msg_id, int(time.time()), body))
 
 
 _TOKEN_CHARS = frozenset(
