@@ -13,25 +13,37 @@ import datetime
 import json
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, URLField
 from django.http import Http404, HttpResponse
 from django.template.defaultfilters import filesizeformat
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from deliveries import ssrf
-from deliveries.forms import TargetForm
-from deliveries.models import ApiKey, Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+from deliveries import health, ssrf
+from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
+from deliveries.models import (
+    Alert,
+    ApiKey,
+    Delivery,
+    DeliveryResult,
+    Entrypoint,
+    Event,
+    Target,
+    Webhook,
+)
 
 STATUS_COLOURS = {
     "pending": "#6b7280",
     "retrying": "#b45309",
     "delivered": "#15803d",
     "failed": "#b91c1c",
+    "filtered": "#0e7490",
 }
 
 
@@ -108,15 +120,36 @@ class EntrypointInline(admin.TabularInline):
         )
 
 
+# The target form's fieldsets after its type's fields: on the webhook page and on
+# the target's own page.
+TARGET_FIELDSETS = [
+    ("Delivery", {"fields": [("max_retries", "max_queue_size"), ("ordered", "rate_limit")]}),
+    ("Pause", {"fields": [("paused", "paused_reason")]}),
+    ("Filters", {"fields": ["filters"]}),
+]
+
+
 class TargetInline(admin.StackedInline):
     model = Target
     form = TargetForm
     extra = 0
     fieldsets = [
-        (None, {"fields": [("name", "type", "active")]}),
+        (None, {"fields": [("name", "type", "active"), "health_line"]}),
         *TargetForm.type_fieldsets(),
-        ("Delivery", {"fields": [("max_retries", "max_queue_size")]}),
+        *TARGET_FIELDSETS,
     ]
+    readonly_fields = ["health_line"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        self._breakers = health.breakers()  # inline instances are made per request
+        kwargs["form"] = TargetForm.for_user(request.user)
+        return super().get_formset(request, obj, **kwargs)
+
+    @admin.display(description="Health (24 h)")
+    def health_line(self, obj):
+        if not obj.pk:
+            return "–"
+        return health_text(health.detail(obj, self._breakers), obj.pk)
 
 
 class HealthFilter(admin.SimpleListFilter):
@@ -136,6 +169,13 @@ class HealthFilter(admin.SimpleListFilter):
         return queryset
 
 
+def posted_urls(post) -> list[str]:
+    """The URLs a webhook or target form checks: targets' (with the inline's prefix,
+    or without on the target's page) and the webhook's alert URL."""
+    names = ("url", "webhook_url", "alert_url")
+    return [value for key, value in post.items() if key.rsplit("-", 1)[-1] in names]
+
+
 def _subcount(queryset):
     """COUNT(*) of `queryset` as a correlated subquery: one per row of the page and
     no join between events and deliveries multiplying each other's rows."""
@@ -149,6 +189,8 @@ class WebhookAdmin(OwnedAdmin):
     list_filter = [HealthFilter]
     search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
+    # The alert URL: https when the scheme is left out, as for target URLs.
+    formfield_overrides = {URLField: {"assume_scheme": "https"}}
 
     class Media:
         js = ["deliveries/admin.js"]
@@ -160,7 +202,7 @@ class WebhookAdmin(OwnedAdmin):
         return self.list_display
 
     def get_fields(self, request, obj=None):
-        fields = ["name", "description", "retention_days"]
+        fields = ["name", "description", "retention_days", "alert_url"]
         if request.user.is_superuser:
             fields.append("owner")
         return fields
@@ -169,7 +211,7 @@ class WebhookAdmin(OwnedAdmin):
         # The admin validates and saves inside one transaction, which on SQLite holds
         # the database's write lock: resolve the targets' hosts (SSRF check) before
         # it starts, so a slow DNS answer never makes the inbound endpoint wait.
-        urls = [v for k, v in request.POST.items() if k.endswith(("-url", "-webhook_url"))]
+        urls = posted_urls(request.POST)
         with ssrf.resolved_in_advance(urls):
             return super().changeform_view(request, object_id, form_url, extra_context)
 
@@ -507,7 +549,7 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     search_fields = ["=event__code"]
     paginator = CappedCountPaginator
     show_full_result_count = False
-    actions = ["redeliver"]
+    actions = ["redeliver", "retry_now"]
     inlines = [DeliveryResultInline]
     fields = [
         "badge",
@@ -565,6 +607,238 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
         note = f" {skipped} pending or retrying were already on their way." if skipped else ""
         self.message_user(
             request, f"Queued {queued} deliveries for redelivery.{note}", messages.SUCCESS
+        )
+
+    @admin.action(description="Retry now (skip the rest of the backoff)")
+    def retry_now(self, request, queryset):
+        total = queryset.count()
+        hurried = queryset.retry_now()
+        message = f"{hurried} deliveries will be attempted now."
+        if total > hurried:
+            message += f" {total - hurried} were not waiting for a retry."
+        self.message_user(request, message, messages.SUCCESS)
+
+
+# --- targets and alerts ----------------------------------------------------------
+
+
+def breaker_text(breaker: health.Breaker | None) -> str:
+    if breaker is None:
+        return "closed"
+    if breaker.until is None:
+        return breaker.state
+    return f"{breaker.state}, next probe {timezone.localtime(breaker.until):%H:%M:%S}"
+
+
+def health_text(figures: health.Health, pk: int):
+    """One line: success rate, durations, failures in a row, breaker, pause."""
+    parts = []
+    if figures.success_rate is None:
+        parts.append("no attempts")
+    else:
+        parts.append(f"{figures.success_rate:.1f} % of {figures.attempts} attempts succeeded")
+    if figures.p50_ms is not None:
+        parts.append(f"p50 {figures.p50_ms} ms, p95 {figures.p95_ms} ms")
+    if figures.consecutive_failures:
+        more = "+" if figures.run_capped else ""
+        parts.append(f"{figures.consecutive_failures}{more} failures in a row")
+    if figures.last_error:
+        parts.append(f"last error: {figures.last_error[:200]}")
+    parts.append(f"breaker {breaker_text(figures.breaker)}")
+    if figures.paused:
+        parts.append(f"paused: {figures.paused_reason or 'no reason given'}")
+    url = reverse("admin:deliveries_target_change", args=[pk])
+    return format_html(
+        '<span class="wh-health">{}</span> <a href="{}">details</a>', " · ".join(parts), url
+    )
+
+
+class TargetWebhookFilter(WebhookFilter):
+    field = "webhook"
+
+
+@admin.register(Target)
+class TargetAdmin(OwnedAdmin):
+    """The target as the unit of control: its state, health and the actions on it.
+    Targets are added on their webhook's page."""
+
+    form = TargetForm
+    list_display = ["name", "webhook", "type", "state", "breaker", "success_rate", "last_error"]
+    list_select_related = ["webhook"]
+    list_filter = [TargetWebhookFilter, "paused", "active", ("type", admin.ChoicesFieldListFilter)]
+    search_fields = ["name", "webhook__name"]
+    actions = ["pause", "resume", "redeliver_failed"]
+    fieldsets = [
+        (None, {"fields": [("name", "webhook"), ("type", "active")]}),
+        ("Health, last 24 hours", {"fields": ["health_line", "breaker", "failing_since"]}),
+        *TargetForm.type_fieldsets(),
+        *TARGET_FIELDSETS,
+        (None, {"fields": ["paused_at"]}),
+    ]
+    readonly_fields = ["webhook", "health_line", "breaker", "failing_since", "paused_at"]
+
+    class Media:
+        js = ["deliveries/admin.js"]
+        css = {"all": ["deliveries/admin.css"]}
+
+    def has_add_permission(self, request):
+        return False
+
+    def get_queryset(self, request):
+        return health.annotate(super().get_queryset(request))
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        kwargs["form"] = TargetForm.for_user(request.user)
+        return super().get_form(request, obj, change, **kwargs)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # Hosts resolved before the admin's transaction, as on the webhook page.
+        with ssrf.resolved_in_advance(posted_urls(request.POST)):
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # One read of the engine's breakers for the page: the rows are fetched
+        # here, and the template iterates the same (cached) results.
+        found = health.breakers()
+        for target in changelist.result_list:
+            target.breaker_state = found.get(target.pk)
+        return changelist
+
+    def _breaker(self, obj) -> health.Breaker | None:
+        if not hasattr(obj, "breaker_state"):  # the change page: one target
+            obj.breaker_state = health.breakers().get(obj.pk)
+        return obj.breaker_state
+
+    @admin.display(description="State", ordering="paused")
+    def state(self, obj):
+        if obj.paused:
+            css, text = "wh-warn", f"paused: {obj.paused_reason or '–'}"
+        elif not obj.active:
+            css, text = "", "inactive"
+        else:
+            css, text = "wh-ok", "active"
+        return format_html('<span class="wh-dot {}">●</span> {}', css, text)
+
+    @admin.display(description="Breaker")
+    def breaker(self, obj):
+        if not obj.pk:
+            return "–"
+        found = self._breaker(obj)
+        css = "wh-ok" if found is None else "wh-bad"
+        return format_html('<span class="{}">{}</span>', css, breaker_text(found))
+
+    @admin.display(description="Success (24 h)", ordering="successes_24h")
+    def success_rate(self, obj):
+        rate = health.summary(obj, {}).success_rate
+        if rate is None:
+            return "–"
+        return f"{rate:.1f} % of {obj.attempts_24h}"
+
+    @admin.display(description="Last error (24 h)")
+    def last_error(self, obj):
+        return (obj.last_error_24h or "–")[:120]
+
+    @admin.display(description="Health")
+    def health_line(self, obj):
+        return health_text(health.detail(obj, {obj.pk: self._breaker(obj)}), obj.pk)
+
+    @admin.action(description="Pause selected targets")
+    def pause(self, request, queryset):
+        form = PauseForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._ask(
+                request,
+                queryset,
+                form,
+                "pause",
+                "Pause targets",
+                "Pause",
+                "Their deliveries are still created and wait, unattempted, until you resume.",
+            )
+        reason = form.cleaned_data["reason"] or f"paused by {request.user.get_username()}"
+        paused = queryset.pause(reason)
+        self.message_user(request, f"Paused {paused} targets.", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Resume selected targets")
+    def resume(self, request, queryset):
+        resumed = queryset.filter(paused=True).resume()
+        self.message_user(
+            request, f"Resumed {resumed} targets: what waited is sent now.", messages.SUCCESS
+        )
+
+    @admin.action(description="Redeliver failed deliveries since…")
+    def redeliver_failed(self, request, queryset):
+        initial = {"since": timezone.now() - datetime.timedelta(hours=24)}
+        data = request.POST if "apply" in request.POST else None
+        form = RedeliverFailedForm(data, initial=initial)
+        if not form.is_valid():
+            return self._ask(
+                request,
+                queryset,
+                form,
+                "redeliver_failed",
+                "Redeliver failed deliveries",
+                "Redeliver",
+                "Every failed delivery of these targets since the time below is sent again.",
+            )
+        since = form.cleaned_data["since"]
+        queued = (
+            Delivery.objects.visible_to(request.user)
+            .filter(target__in=queryset, status=Delivery.Status.FAILED, updated_at__gte=since)
+            .redeliver()
+        )
+        self.message_user(
+            request,
+            f"Queued {queued} failed deliveries since "
+            f"{timezone.localtime(since):%Y-%m-%d %H:%M} for redelivery.",
+            messages.SUCCESS,
+        )
+        return None
+
+    def _ask(self, request, queryset, form, action, title, submit, intro):
+        """The intermediate page of an action that needs an answer first."""
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "intro": intro,
+            "submit": submit,
+            "form": form,
+            "action": action,
+            "targets": queryset.select_related("webhook")[:100],
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") == "1",
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, "admin/deliveries/target/action_form.html", context)
+
+
+class AlertWebhookFilter(WebhookFilter):
+    field = "target__webhook"
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyMixin, OwnedAdmin):
+    list_display = ["created_at", "target_link", "kind", "message", "email", "slack"]
+    list_select_related = ["target__webhook"]
+    list_filter = ["kind", AlertWebhookFilter]
+    fields = ["created_at", "target_link", "kind", "message", "email", "slack"]
+    readonly_fields = fields
+
+    def has_view_permission(self, request, obj=None):
+        # Alerts are notices about targets: whoever may see the targets may see
+        # their alerts (visible_to scopes both), with no permission of their own.
+        return request.user.has_perm("deliveries.view_target")
+
+    @admin.display(description="Target", ordering="target__name")
+    def target_link(self, obj):
+        url = reverse("admin:deliveries_target_change", args=[obj.target_id])
+        return format_html(
+            '<a href="{}">{} → {}</a>', url, obj.target.webhook.name, obj.target.name
         )
 
 

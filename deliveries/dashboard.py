@@ -6,6 +6,7 @@ from django.db.models import Count, Q
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
+from deliveries import health
 from deliveries.models import Delivery, EngineStatus, Target
 
 HOURS = 24
@@ -63,8 +64,9 @@ def hourly(deliveries, now):
     }
 
 
-def failing_targets(deliveries, since, limit=5):
-    """The targets with the most failed (24 h) and retrying deliveries."""
+def failing_targets(deliveries, targets, since, breakers, limit=5):
+    """The targets with the most failed (24 h) and retrying deliveries, then those
+    held by a pause or an open breaker, each with its breaker state."""
     rows = list(
         deliveries.filter(Q(status="failed", updated_at__gte=since) | Q(status="retrying"))
         .values("target")
@@ -74,12 +76,19 @@ def failing_targets(deliveries, since, limit=5):
         )
         .order_by("-failed", "-retrying")[:limit]
     )
-    # The ids come from `deliveries`, already limited to what the user may see.
-    targets = Target.objects.select_related("webhook").in_bulk([r["target"] for r in rows])
+    ids = [r["target"] for r in rows]
+    held = (
+        targets.filter(Q(paused=True) | Q(pk__in=list(breakers)))
+        .exclude(pk__in=ids)
+        .values_list("pk", flat=True)[:limit]
+    )
+    rows += [{"target": pk, "failed": 0, "retrying": 0} for pk in held]
+    # The ids come from `deliveries` and `targets`, limited to what the user may see.
+    found = Target.objects.select_related("webhook").in_bulk([r["target"] for r in rows])
     return [
-        {"target": targets[r["target"]], "failed": r["failed"], "retrying": r["retrying"]}
-        for r in rows
-        if r["target"] in targets
+        {**row, "target": found[row["target"]], "breaker": breakers.get(row["target"])}
+        for row in rows
+        if row["target"] in found
     ]
 
 
@@ -88,10 +97,13 @@ def context(user, now=None):
     since = now - datetime.timedelta(hours=HOURS)
     engine = EngineStatus.objects.current()
     deliveries = Delivery.objects.visible_to(user)
+    breakers = health.breakers(now, engine)
     return {
         "engine": engine,
         "engine_alive": engine.alive(now),
         "status_counts": status_counts(deliveries, since),
         "chart": hourly(deliveries, now),
-        "failing_targets": failing_targets(deliveries, since),
+        "failing_targets": failing_targets(
+            deliveries, Target.objects.visible_to(user), since, breakers
+        ),
     }

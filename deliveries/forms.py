@@ -6,10 +6,14 @@ the type chosen.
 """
 
 import copy
+import json
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.db import connections
+from django.utils import timezone
 
+from deliveries import wake
 from deliveries.models import Target
 from deliveries.targets import TARGET_TYPES, clean_config
 
@@ -40,12 +44,42 @@ _ConfigFields = type(
 )
 
 
+class FiltersField(forms.JSONField):
+    """The filter rules as indented JSON, one rule a line or so, not one long line."""
+
+    def prepare_value(self, value):
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json.dumps(value or [], indent=2, ensure_ascii=False)
+
+
 class TargetForm(forms.ModelForm, _ConfigFields):
     type_fields = {type_: tuple(fields) for type_, fields in CONFIG_FIELDS.items() if fields}
 
+    filters = FiltersField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "class": "wh-json-input"}),
+        help_text=Target._meta.get_field("filters").help_text
+        + ' E.g. [{"source": "header", "name": "X-GitHub-Event", "op": "equals", '
+        '"value": "push"}]; ops: equals, one_of, exists, not_equals; source header or '
+        "json (a dotted path).",
+    )
+
     class Meta:
         model = Target
-        fields = ["name", "type", "active", "max_retries", "max_queue_size"]
+        fields = [
+            "name",
+            "type",
+            "active",
+            "max_retries",
+            "max_queue_size",
+            "paused",
+            "paused_reason",
+            "ordered",
+            "rate_limit",
+            "filters",
+        ]
+        labels = {"paused_reason": "Reason", "rate_limit": "Rate limit (per second)"}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -53,6 +87,39 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         for name in _ConfigFields.base_fields.keys() & config.keys():
             self.initial.setdefault(name, config[name])
         self.fields["type"].widget.attrs["data-target-type"] = "1"
+        # The engine pauses targets by itself: the form compares what it was shown
+        # (a hidden initial) with what comes back, so a page opened before the engine
+        # paused the target does not resume it on save unless the box was unticked.
+        for name in ("paused", "paused_reason"):
+            self.fields[name].show_hidden_initial = True
+        # Empty means no limit, as 0 does.
+        self.fields["rate_limit"].required = False
+
+    # Who edits: named in the reason when they pause without giving one.
+    user = None
+
+    @classmethod
+    def for_user(cls, user):
+        """The form for one request's user (the admin builds its form classes)."""
+        return type(cls.__name__, (cls,), {"user": user, "__module__": cls.__module__})
+
+    def clean_rate_limit(self):
+        return self.cleaned_data.get("rate_limit") or 0
+
+    def _clean_pause(self, cleaned):
+        """Pause state from what the user changed, everything else as it is now."""
+        instance = self.instance
+        if "paused" not in self.changed_data:
+            cleaned["paused"] = instance.paused
+            if not (instance.paused and "paused_reason" in self.changed_data):
+                cleaned["paused_reason"] = instance.paused_reason
+        elif cleaned.get("paused"):
+            who = self.user.get_username() if self.user else "hand"
+            cleaned["paused_reason"] = cleaned.get("paused_reason") or f"paused by {who}"
+            instance.paused_at = timezone.now()
+        else:
+            cleaned["paused_reason"] = ""
+            instance.paused_at = None
 
     @classmethod
     def type_fieldsets(cls) -> list:
@@ -64,6 +131,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
 
     def clean(self):
         cleaned = super().clean()
+        self._clean_pause(cleaned)
         type_ = cleaned.get("type")
         if not type_:
             return cleaned
@@ -82,3 +150,33 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             except ValidationError as exc:
                 self.add_error(TARGET_TYPES[type_].main_field, exc.messages)
         return cleaned
+
+    def save(self, commit=True):
+        target = super().save(commit)
+        if commit and self.has_changed():
+            # The engine re-reads a target whose updated_at moved; the wake makes it
+            # look now, so a pause holds, and a resume sends, at once.
+            wake.notify_on_commit(connections[target._state.db])
+        return target
+
+
+class PauseForm(forms.Form):
+    """The target list's Pause action asks why."""
+
+    reason = forms.CharField(
+        max_length=500,
+        required=False,
+        widget=forms.TextInput(attrs={"size": 60}),
+        help_text="Shown on the target while it is paused (empty: “paused by” you).",
+    )
+
+
+class RedeliverFailedForm(forms.Form):
+    """The target list's Redeliver failed action asks since when."""
+
+    since = forms.DateTimeField(
+        label="Failed since (UTC)",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Every delivery of these targets that failed at or after this time is "
+        "sent again (its earlier attempts are kept).",
+    )

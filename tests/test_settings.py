@@ -143,3 +143,20 @@ def test_secret_key_is_generated_once_and_reused(load, tmp_path):
 def test_secret_key_from_environment_wins(load, tmp_path):
     assert load(SECRET_KEY="from-env-" + "x" * 50)["SECRET_KEY"] == "from-env-" + "x" * 50
     assert not (tmp_path / "d" / "secret_key").exists()
+
+
+def test_alert_settings_and_email_url(load):
+    loaded = load()
+    assert loaded["EMAIL_BACKEND"] == "django.core.mail.backends.console.EmailBackend"
+    assert "EMAIL_HOST" not in loaded  # Django's default stays
+    assert (loaded["DELIVERY_DISABLE_AFTER"], loaded["ALERT_BREAKER_AFTER"]) == (432_000, 600)
+    loaded = load(EMAIL_URL="smtp+tls://alerts:pw@mail.example.com:587", ALERT_BREAKER_AFTER="60")
+    assert loaded["EMAIL_BACKEND"] == "django.core.mail.backends.smtp.EmailBackend"
+    assert (loaded["EMAIL_HOST"], loaded["EMAIL_PORT"], loaded["EMAIL_USE_TLS"]) == (
+        "mail.example.com",
+        587,
+        True,
+    )
+    assert loaded["ALERT_BREAKER_AFTER"] == 60
+    with pytest.raises(ImproperlyConfigured, match="EMAIL_URL is not a usable email URL"):
+        load(EMAIL_URL="pigeon://loft")

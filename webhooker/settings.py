@@ -298,8 +298,29 @@ DELIVERY_STALE_AFTER = _number("DELIVERY_STALE_AFTER", 900.0, cast=float, minimu
 DELIVERY_RECOVERY_BATCH = _number("DELIVERY_RECOVERY_BATCH", 500, minimum=1)
 DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 4, minimum=1)
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
+# A PEM bundle of the CAs that https targets may present (a private CA inside the
+# network); empty: the public roots.
+DELIVERY_CA_BUNDLE = env.str("DELIVERY_CA_BUNDLE", default="")
+if DELIVERY_CA_BUNDLE and not Path(DELIVERY_CA_BUNDLE).is_file():
+    raise ImproperlyConfigured(f"DELIVERY_CA_BUNDLE={DELIVERY_CA_BUNDLE!r} is not a file.")
 DELIVERY_BACKOFF_BASE = _number("DELIVERY_BACKOFF_BASE", 1.0, cast=float, minimum=0)
 DELIVERY_BACKOFF_CAP = _number("DELIVERY_BACKOFF_CAP", 3600.0, cast=float, minimum=0)
+# A target whose every attempt failed for this long is paused (Svix's 5 days: long
+# enough to outlast a weekend outage, short enough not to retry a dead URL forever).
+DELIVERY_DISABLE_AFTER = _number("DELIVERY_DISABLE_AFTER", 5 * 86_400.0, cast=float, minimum=1)
+
+# --- Alerts (deliveries/alerts.py) --------------------------------------------------
+# Seconds a breaker may stay open before the webhook's owner is told.
+ALERT_BREAKER_AFTER = _number("ALERT_BREAKER_AFTER", 600.0, cast=float, minimum=1)
+# The console backend by default, so `make run` prints the alerts it would send;
+# e.g. EMAIL_URL=smtp+tls://user:password@mail.example.com:587 for real mail.
+try:
+    _email = env.email_url_config(env.str("EMAIL_URL", default="consolemail://"))
+except ImproperlyConfigured as exc:
+    raise ImproperlyConfigured(f"EMAIL_URL is not a usable email URL: {exc}") from None
+# Unset parts stay Django's defaults rather than becoming None.
+globals().update({key: value for key, value in _email.items() if value is not None})
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="webhooker@localhost")
 
 # --- REST API (deliveries/api) -----------------------------------------------------
 # Requests per API key, counted in Django's cache (per process unless a shared

@@ -10,7 +10,8 @@ document.addEventListener("click", (event) => {
 });
 
 function showTypeFields(select) {
-  const form = select.closest(".inline-related");
+  // A target in the webhook's inline, or alone on its own page.
+  const form = select.closest(".inline-related") || select.form;
   if (!form) return;
   for (const box of form.querySelectorAll("[class*='wh-type-']")) {
     box.style.display = box.classList.contains("wh-type-" + select.value) ? "" : "none";
