@@ -16,6 +16,7 @@ from urllib3.util import connection
 
 from deliveries import ssrf
 from deliveries.targets.deadline import watchdog
+from deliveries.targets.errors import causes
 
 
 class _Guarded:
@@ -85,15 +86,7 @@ class GuardedAdapter(HTTPAdapter):
 
 def blocked_reason(exc: BaseException) -> str | None:
     """The guard's refusal behind a requests exception, if that is what it was."""
-    seen = set()
-    stack = [exc]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, ssrf.BlockedAddress):
-            return str(current)
-        stack.extend([current.__cause__, current.__context__, getattr(current, "reason", None)])
-        stack.extend(arg for arg in getattr(current, "args", ()) if isinstance(arg, BaseException))
+    for cause in causes(exc):
+        if isinstance(cause, ssrf.BlockedAddress):
+            return str(cause)
     return None

@@ -13,6 +13,7 @@ from django.conf import settings
 
 from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome
 from deliveries.targets.deadline import watchdog
+from deliveries.targets.errors import describe
 from deliveries.targets.guard import GuardedAdapter, blocked_reason
 
 _local = threading.local()
@@ -67,14 +68,17 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
                 timeout=timeout,
                 allow_redirects=False,
                 stream=True,
+                # A private CA's bundle for receivers inside the network, or the
+                # public roots.
+                verify=settings.DELIVERY_CA_BUNDLE or True,
             )
         except requests.RequestException as exc:
             reason = blocked_reason(exc)
             if reason:
                 return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
             if deadline["expired"]:
-                return Outcome(success=False, error=f"timeout: no answer within {timeout:g} s")
-            return Outcome(success=False, error=_describe(exc))
+                return Outcome(success=False, error=f"timed out after {timeout:g} s")
+            return Outcome(success=False, error=describe(exc, timeout))
         try:
             excerpt = response.raw.read(RESPONSE_BODY_LIMIT, decode_content=True) or b""
         except Exception as exc:  # a receiver that breaks off (or drips) mid-body
@@ -105,11 +109,3 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
         retry_after=retry_after,
         permanent=code == 410,
     )
-
-
-def _describe(exc: requests.RequestException) -> str:
-    if isinstance(exc, requests.Timeout):
-        return f"timeout: {exc}"
-    if isinstance(exc, requests.ConnectionError):
-        return f"connection failed: {exc}"
-    return f"{type(exc).__name__}: {exc}"
