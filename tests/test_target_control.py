@@ -328,3 +328,24 @@ def test_a_success_ends_the_failing_run(entrypoint, make_target, sink):
     engine.process_one()
     assert Target.objects.get(id=target.id).failing_since is None
     assert Event.objects.count() == 2
+
+
+def test_a_paused_backlog_does_not_hide_stranded_rows_from_the_tick(
+    entrypoint, make_target, sink, monkeypatch
+):
+    from deliveries.engine import recovery
+    from tests.engine_helpers import make_engine
+
+    monkeypatch.setattr(recovery, "PAGE", 2)
+    monkeypatch.setattr(recovery, "MAX_TICK_PAGES", 2)
+    paused = make_target(url=sink.url("/p"), name="paused")
+    first, *_ = store(entrypoint, n=6)
+    Target.objects.filter(id=paused.id).pause("held")
+    other = make_target(url=sink.url("/o"), name="other")
+    stranded = Delivery.objects.create(event=first, target=other)
+    hour = datetime.timedelta(hours=1)
+    Delivery.objects.filter(target=paused).update(updated_at=timezone.now() - 2 * hour)
+    Delivery.objects.filter(id=stranded.id).update(updated_at=timezone.now() - hour)
+    engine = make_engine(stale_after=60)
+    assert engine.recover_once() == 1  # a tick: it reaches past the held rows
+    assert [t.delivery_id for t in engine.channel.drain()] == [stranded.id]

@@ -51,6 +51,10 @@ def recover(
     else:
         cutoff = now - datetime.timedelta(seconds=stale_after)
         queryset, limit, max_pages = Delivery.objects.stale(cutoff), batch, MAX_TICK_PAGES
+    # A held (paused, inactive) target's rows are the oldest untouched ones there
+    # are: read, they would fill every page of a tick and hide the rows it exists
+    # to find. They are read again when the target is resumed.
+    queryset = queryset.filter(target__paused=False, target__active=True)
     dispatched = pages = 0
     last = None
     while (max_pages is None or pages < max_pages) and not stopping():
