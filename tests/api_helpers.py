@@ -117,6 +117,7 @@ CALLS = [
     Call("targets_destroy", "delete", "targets/{target}/", status=204),
     Call("targets_pause", "post", "targets/{target}/pause/", lambda ids: {"reason": "maintenance"}),
     Call("targets_resume", "post", "targets/{target}/resume/"),
+    Call("targets_rotate_secret", "post", "targets/{target}/rotate-secret/"),
     Call("events_list", "get", "events/"),
     Call("events_retrieve", "get", "events/{event}/"),
     Call("events_body", "get", "events/{event}/body/"),

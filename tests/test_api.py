@@ -8,8 +8,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from deliveries import wake
 from deliveries.forms import TargetForm
-from deliveries.models import ApiKey, Delivery, DeliveryResult, Event, Target
+from deliveries.models import ApiKey, Delivery, DeliveryResult, Entrypoint, Event, Target
 from tests.api_helpers import (
     CALLS,
     client_of,
@@ -169,6 +170,7 @@ def test_unknown_paths_and_methods_answer_in_the_error_shape(alice, mine):
         ("events/?since=yesterday", "since"),
         ("events/?until=2026-13-01", "until"),
         ("events/?code=not-a-uuid", "code"),
+        ("events/?provider_id=" + "x" * 300, "provider_id"),
         ("deliveries/?status=lost", "status"),
         ("deliveries/?target=1e3", "target"),
         ("deliveries/?webhook=99999999999999999999", "webhook"),
@@ -419,18 +421,19 @@ def test_a_delivery_with_its_attempts(alice, mine):
 
 
 def failed_deliveries(target, n, age):
-    """n failed deliveries to `target`, created `age` ago."""
+    """n deliveries to `target` that failed `age` ago."""
     events = store(target.webhook.entrypoints.get(), n=n)
     rows = Delivery.objects.filter(event__in=events, target=target)
-    rows.update(status="failed", attempts=1, created_at=timezone.now() - age)
+    rows.update(status="failed", attempts=1, updated_at=timezone.now() - age)
     return list(rows.values_list("pk", flat=True))
 
 
 def test_redeliver_failed_for_a_target_since_a_time(alice, mine):
     target = Target.objects.get(pk=mine["target"])
     other = Target.objects.create(webhook=target.webhook, name="other", type="log")
+    # Failed before the time: left alone, however recent its event.
     Delivery.objects.filter(pk=mine["delivery"]).update(
-        created_at=timezone.now() - datetime.timedelta(days=5)
+        updated_at=timezone.now() - datetime.timedelta(days=5)
     )
     recent = failed_deliveries(target, 3, datetime.timedelta(minutes=5))
     Delivery.objects.filter(pk=recent[0]).update(status="delivered")
@@ -495,3 +498,65 @@ def test_the_docs_page_loads_nothing_from_the_internet(client):
     assert "https://" not in html and "http://" not in html.replace("http://testserver", "")
     bundle = client.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
     assert bundle.status_code == 200
+
+
+def test_events_by_the_senders_own_id_and_how_often_they_came(alice, mine):
+    Event.objects.filter(pk=mine["event"]).update(provider_id="gh-123", duplicates=2)
+    response = client_of(alice).get("/api/v1/events/", {"provider_id": "gh-123"})
+    [row] = response.json()["results"]
+    assert (row["id"], row["provider_id"], row["duplicates"]) == (mine["event"], "gh-123", 2)
+    assert client_of(alice).get("/api/v1/events/?provider_id=gh-1").json()["results"] == []
+
+
+# --- trust: verification and signing ------------------------------------------------------
+
+
+def test_entrypoint_verification_secrets_are_entered_once_and_masked(alice, mine):
+    client = client_of(alice)
+    url = f"/api/v1/entrypoints/{mine['entrypoint']}/"
+    response = client.patch(
+        url, {"verification": "github", "verification_config": {"secret": "s3cret"}}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["verification_config"] == {"secret": "********"}
+    assert "s3cret" not in client.get(url).content.decode()
+    # Sent back as read (masked), or left out: the secret stays.
+    client.patch(url, {"verification_config": {"secret": "********"}}, format="json")
+    client.patch(url, {"verification_config": {}, "dedup": True}, format="json")
+    entrypoint = Entrypoint.objects.get(pk=mine["entrypoint"])
+    assert (entrypoint.verification_config, entrypoint.dedup) == ({"secret": "s3cret"}, True)
+    client.patch(url, {"verification_config": {"secret": "new"}}, format="json")
+    assert Entrypoint.objects.get(pk=mine["entrypoint"]).verification_config == {"secret": "new"}
+
+
+def test_entrypoint_verification_is_validated_as_in_the_admin(alice, mine):
+    response = client_of(alice).patch(
+        f"/api/v1/entrypoints/{mine['entrypoint']}/",
+        {"verification": "stripe", "verification_config": {}},
+        format="json",
+    )
+    assert list(assert_error(response, 400)["fields"]) == ["verification_config"]
+    response = client_of(alice).patch(
+        f"/api/v1/entrypoints/{mine['entrypoint']}/", {"verification": "telepathy"}, format="json"
+    )
+    assert list(assert_error(response, 400)["fields"]) == ["verification"]
+
+
+def test_a_target_shows_its_signing_secret_and_rotates_it(alice, mine):
+    client = client_of(alice)
+    url = f"/api/v1/targets/{mine['target']}"
+    before = client.get(f"{url}/").json()
+    assert before["signing"] is True and before["signing_secret"].startswith("whsec_")
+    after = client.post(f"{url}/rotate-secret/").json()
+    assert after["signing_secret"].startswith("whsec_")
+    assert after["signing_secret"] != before["signing_secret"]
+    target = Target.objects.get(pk=mine["target"])
+    assert target.previous_signing_secret == before["signing_secret"]
+    assert client.patch(f"{url}/", {"signing": False}, format="json").json()["signing"] is False
+
+
+def test_a_target_change_wakes_the_engine(alice, mine, monkeypatch):
+    woken = []
+    monkeypatch.setattr(wake, "notify_on_commit", woken.append)
+    client_of(alice).patch(f"/api/v1/targets/{mine['target']}/", {"name": "x"}, format="json")
+    assert woken

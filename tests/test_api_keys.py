@@ -109,7 +109,7 @@ def test_redeliver_failed_for_a_target_since_a_time(alice):
     ids = world_ids(alice, "hook")
     target = Target.objects.get(pk=ids["target"])
     Delivery.objects.filter(pk=ids["delivery"]).update(
-        created_at=timezone.now() - datetime.timedelta(days=3)
+        updated_at=timezone.now() - datetime.timedelta(days=3)
     )
     recent = store(target.webhook.entrypoints.get(), n=2)
     Delivery.objects.filter(event__in=recent).update(status="failed", attempts=1)

@@ -51,6 +51,7 @@ class EventFilter(QueryFilter):
         "webhook": "webhook_id",
         "entrypoint": "entrypoint_id",
         "code": "code",
+        "provider_id": "provider_id",
         "since": "received_at__gte",
         "until": "received_at__lt",
     }
@@ -58,6 +59,11 @@ class EventFilter(QueryFilter):
     entrypoint = id_field("Only events received on this entrypoint.")
     code = serializers.UUIDField(
         required=False, help_text="The event with this code (what the inbound URL answered)."
+    )
+    provider_id = serializers.CharField(
+        required=False,
+        max_length=255,
+        help_text="The event with this id of the sender's own (X-GitHub-Delivery, Stripe's id...).",
     )
     since = serializers.DateTimeField(
         required=False, help_text="Received at or after this time (ISO 8601; UTC if no zone)."
@@ -72,8 +78,8 @@ class DeliveryFilter(QueryFilter):
         "webhook": "target__webhook_id",
         "event": "event_id",
         "event_code": "event__code",
-        "since": "created_at__gte",
-        "until": "created_at__lt",
+        "since": "updated_at__gte",
+        "until": "updated_at__lt",
     }
     status = serializers.ChoiceField(
         choices=Delivery.Status.choices, required=False, help_text="Only deliveries in this status."
@@ -84,11 +90,14 @@ class DeliveryFilter(QueryFilter):
     event_code = serializers.UUIDField(
         required=False, help_text="Only deliveries of the event with this code."
     )
+    # Last changed, as the admin's "Redeliver failed since": for a failed delivery,
+    # when it failed, so an outage's failures are caught whenever their events came.
     since = serializers.DateTimeField(
         required=False,
-        help_text="Created (its event received) at or after this time (ISO 8601; UTC if no zone).",
+        help_text="Last changed (created, attempted, set back) at or after this time; "
+        "for a failed delivery, when it failed (ISO 8601; UTC if no zone).",
     )
-    until = serializers.DateTimeField(required=False, help_text="Created before this time.")
+    until = serializers.DateTimeField(required=False, help_text="Last changed before this time.")
 
 
 class Selection(QueryFilter):

@@ -10,6 +10,7 @@ from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from deliveries import verification
 from deliveries.api.filters import EventSelection
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 
@@ -86,17 +87,71 @@ class WebhookSerializer(ModelCleaned):
         read_only_fields = ["created_at"]
 
 
+# What an entrypoint's verification secrets read back as.
+MASK = "********"
+
+
+def _secret_keys(preset: str) -> set:
+    try:
+        return set(verification.get_preset(preset).secret_keys)
+    except DjangoValidationError:
+        return set()
+
+
 class EntrypointSerializer(EntrypointBriefSerializer, ModelCleaned):
     webhook = OwnedRelatedField(
         queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
+    )
+    verification_config = serializers.JSONField(
+        required=False,
+        help_text='The preset\'s settings, e.g. {"secret": "..."}. Secrets read back as '
+        f"{MASK!r}; sending that (or leaving a secret out) keeps the stored one.",
     )
     clean_exclude = ("webhook",)
     create_only = ("webhook",)
 
     class Meta:
         model = Entrypoint
-        fields = ["id", "webhook", "code", "url", "description", "active", "created_at"]
+        fields = [
+            "id",
+            "webhook",
+            "code",
+            "url",
+            "description",
+            "active",
+            "verification",
+            "verification_config",
+            "dedup",
+            "dedup_source",
+            "created_at",
+        ]
         read_only_fields = ["created_at"]
+
+    def to_representation(self, obj):
+        data = super().to_representation(obj)
+        secrets = _secret_keys(obj.verification)
+        data["verification_config"] = {
+            key: MASK if key in secrets and value else value
+            for key, value in (obj.verification_config or {}).items()
+        }
+        return data
+
+    def validate(self, attrs):
+        # Secrets are entered once: an update that does not repeat them keeps them,
+        # as long as the preset stays the same.
+        old = self.instance
+        config = attrs.get("verification_config")
+        same_preset = old is not None and attrs.get("verification", old.verification) == (
+            old.verification
+        )
+        if same_preset and isinstance(config, dict):
+            kept = old.verification_config or {}
+            config = dict(config)
+            for key in _secret_keys(old.verification) & kept.keys():
+                if config.get(key) in (None, MASK):
+                    config[key] = kept[key]
+            attrs["verification_config"] = config
+        return super().validate(attrs)
 
 
 class TargetSerializer(ModelCleaned):
@@ -125,6 +180,9 @@ class TargetSerializer(ModelCleaned):
             "ordered",
             "rate_limit",
             "filters",
+            "signing",
+            "signing_secret",
+            "secret_rotated_at",
             "paused",
             "paused_reason",
             "paused_at",
@@ -134,6 +192,12 @@ class TargetSerializer(ModelCleaned):
         ]
         # Pausing goes through the pause and resume actions, which the engine hears.
         read_only_fields = ["paused", "paused_reason", "paused_at", "created_at"]
+        extra_kwargs = {
+            "signing_secret": {
+                "help_text": "The Standard Webhooks secret (whsec_...) deliveries are signed "
+                "with; the rotate-secret action makes a new one."
+            }
+        }
 
 
 class EventSerializer(serializers.ModelSerializer):
@@ -149,6 +213,8 @@ class EventSerializer(serializers.ModelSerializer):
             "body_size",
             "remote_addr",
             "received_at",
+            "provider_id",
+            "duplicates",
         ]
 
 

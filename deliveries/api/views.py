@@ -2,7 +2,7 @@
 admin's ownership rule, so another user's rows answer 404 like missing ones; every
 action calls the same set-based operation as the admin's."""
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, QuerySet
 from django.http import HttpResponse, JsonResponse
 from drf_spectacular.types import OpenApiTypes
@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
+from deliveries import wake
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
 from deliveries.api.filters import (
@@ -94,6 +95,13 @@ class TargetViewSet(CrudViewSet):
     serializer_class = s.TargetSerializer
     list_filter = WebhookChildFilter
 
+    def perform_update(self, serializer):
+        with transaction.atomic():
+            serializer.save()
+            # The engine re-reads a target whose updated_at moved; the wake makes it
+            # look now rather than at its next poll.
+            wake.notify_on_commit(connection)
+
     @extend_schema(
         operation_id="targets_pause", request=s.PauseSerializer, responses=s.TargetSerializer
     )
@@ -112,6 +120,15 @@ class TargetViewSet(CrudViewSet):
         """Send what waited, in order."""
         target = self.get_object()
         Target.objects.filter(pk=target.pk).resume()
+        return self._current(target)
+
+    @extend_schema(operation_id="targets_rotate_secret", request=None, responses=s.TargetSerializer)
+    @action(detail=True, methods=["post"], url_path="rotate-secret")
+    def rotate_secret(self, request, pk=None):
+        """A new signing secret; the old one still signs during the rotation overlap
+        (SIGNING_ROTATION_OVERLAP), so receivers can switch over."""
+        target = self.get_object()
+        target.rotate_signing_secret()
         return self._current(target)
 
     def _current(self, target):
