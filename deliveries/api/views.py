@@ -32,6 +32,13 @@ class OwnedViewSet(viewsets.GenericViewSet):
     lookup_value_regex = ID_PATTERN
     # The list's query parameters, validated (a QueryFilter), or None.
     list_filter = None
+    # What one row reads as, when it shows more than the list does.
+    detail_serializer_class = None
+
+    def get_serializer_class(self):
+        if self.action == "retrieve" and self.detail_serializer_class is not None:
+            return self.detail_serializer_class
+        return super().get_serializer_class()
 
     def get_queryset(self):
         queryset = self.model.objects.visible_to(self.request.user)
@@ -136,14 +143,13 @@ class TargetViewSet(CrudViewSet):
         return Response(self.get_serializer(target).data)
 
 
-@extend_schema_view(
-    list=extend_schema(parameters=[EventFilter]),
-    retrieve=extend_schema(responses=s.EventDetailSerializer),
-)
+@extend_schema_view(list=extend_schema(parameters=[EventFilter]))
 class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSet):
     """Events as received, newest first. Read-only: replay sends them again."""
 
     model = Event
+    serializer_class = s.EventSerializer
+    detail_serializer_class = s.EventDetailSerializer
     list_filter = EventFilter
 
     def get_queryset(self):
@@ -154,11 +160,6 @@ class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSe
         if self.action == "list":
             queryset = queryset.defer("body", "headers")
         return queryset
-
-    def get_serializer_class(self):
-        if self.action == "retrieve":
-            return s.EventDetailSerializer
-        return s.EventSerializer
 
     def perform_content_negotiation(self, request, force=False):
         # The body is answered as received whatever the client accepts; errors
@@ -202,14 +203,13 @@ class EventViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSe
         return Response({"queued": reset + created, "redelivered": reset, "created": created})
 
 
-@extend_schema_view(
-    list=extend_schema(parameters=[DeliveryFilter]),
-    retrieve=extend_schema(responses=s.DeliveryDetailSerializer),
-)
+@extend_schema_view(list=extend_schema(parameters=[DeliveryFilter]))
 class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedViewSet):
     """One event to one target: its status and every attempt."""
 
     model = Delivery
+    serializer_class = s.DeliverySerializer
+    detail_serializer_class = s.DeliveryDetailSerializer
     list_filter = DeliveryFilter
 
     def get_queryset(self):
@@ -221,11 +221,6 @@ class DeliveryViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, OwnedVie
         if self.action == "retrieve":
             queryset = queryset.prefetch_related("results")
         return queryset
-
-    def get_serializer_class(self):
-        if self.action == "retrieve":
-            return s.DeliveryDetailSerializer
-        return s.DeliverySerializer
 
     @extend_schema(
         operation_id="deliveries_redeliver",
