@@ -17,10 +17,11 @@ from deliveries.targets.base import require_url
 
 class OwnedQuerySet(models.QuerySet):
     """The ownership boundary, written once: a superuser sees every row, any other
-    user only the rows of the webhooks they own, an anonymous or inactive user none.
-    The admin and its dashboard scope every query through visible_to()."""
+    user only the rows of the webhooks they own (and their own API keys), an anonymous
+    or inactive user none. The admin, its dashboard and the REST API scope every
+    query through visible_to()."""
 
-    # The lookup from the model to its webhook's owner; each subclass names its own.
+    # The lookup from the model to its owner; each subclass names its own.
     owner_path: str
 
     def visible_to(self, user):
