@@ -68,6 +68,8 @@ PROD = {"WEBHOOKER_ENVIRONMENT": "prod", "ALLOWED_HOSTS": "hooks.example.com"}
             marks=pytest.mark.filterwarnings("ignore:Engine not recognized:UserWarning"),
         ),
         ({"LOG_LEVEL": "loud"}, "LOG_LEVEL='loud' is not valid"),
+        ({"API_THROTTLE_RATE": "lots"}, "API_THROTTLE_RATE='lots' is not a rate such as 600/min"),
+        ({"API_THROTTLE_RATE": "10/fortnight"}, "is not a rate such as 600/min"),
         ({"WEBHOOKER_ENVIRONMENT": "prod", "SECRET_KEY": "x" * 60}, "ALLOWED_HOSTS must be set"),
         ({**PROD, "SECRET_KEY": "short"}, "SECRET_KEY must be at least 50"),
     ],
