@@ -404,7 +404,10 @@ class Event(models.Model):
         Entrypoint, models.SET_NULL, null=True, blank=True, related_name="events"
     )
     method = models.CharField(max_length=16)
-    # [[name, value], ...] in the order the WSGI server presented them.
+    # As received, without the "?"; forwarded after the target URL's own query
+    # unless the target's forward_query is off.
+    query_string = models.TextField(blank=True, default="")
+    # [[name, value], ...]: one pair per header line received, in order.
     headers = models.JSONField(default=list)
     body = models.BinaryField(default=b"")
     # Kept beside the body so lists, metrics and the engine can know the size
