@@ -12,8 +12,10 @@ from celery import Celery  # noqa: E402
 
 from deliveries.engine.attempts import attempt  # noqa: E402
 from deliveries.engine.claims import load_tasks, read_body  # noqa: E402
+from deliveries.engine.targetcache import TargetCache  # noqa: E402
 from deliveries.engine.writer import write_results  # noqa: E402
 
+targets = TargetCache()
 app = Celery("bench", broker=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"))
 app.conf.update(
     task_ignore_result=True,
@@ -28,4 +30,6 @@ def deliver(delivery_id):
     [task] = load_tasks([delivery_id]) or [None]
     if task is None:
         return
+    targets.load([task.target_id])  # as the engine does: the target as it is now
+    task.target = targets.get(task.target_id)
     write_results([attempt(task, read_body(task), base=1, cap=1)])
