@@ -372,7 +372,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
     actions = ["replay"]
     fieldsets = [
         (None, {"fields": ["code", "webhook", "entrypoint", "received_at"]}),
-        ("Request", {"fields": ["method", "content_type", "size", "remote_addr"]}),
+        ("Request", {"fields": ["method", "query_string", "content_type", "size", "remote_addr"]}),
         ("Headers", {"fields": ["headers_table"]}),
         ("Body", {"fields": ["body_view"]}),
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.db import connection, transaction
@@ -19,6 +20,11 @@ from django.utils import timezone
 
 from deliveries import verification, wake
 from deliveries.models import Delivery, Entrypoint, Event, Target
+
+
+class SenderGone(Exception):
+    """The sender hung up before COMMIT: the event was rolled back, since it will
+    send it again and a stored copy would be a duplicate no one acknowledged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,8 @@ def store_event(
     remote_addr: str | None,
     provider_id: str = "",
     dedup: bool = False,
+    query_string: str = "",
+    gone: Callable[[], bool] | None = None,
 ) -> Stored:
     """Store the event and one pending delivery per active target, atomically.
 
@@ -110,6 +118,9 @@ def store_event(
     With `dedup` and a `provider_id`, an event of the webhook kept with the same
     provider id makes this a duplicate: nothing is stored, the first event counts
     one more receipt, and its id and code are returned with duplicate=True.
+
+    `gone` is asked just before COMMIT whether the sender has hung up; if so,
+    everything is rolled back and SenderGone raised.
     """
     t = _tables()
     ops = connection.ops
@@ -120,6 +131,7 @@ def store_event(
         entrypoint.webhook_id,
         entrypoint.id,
         method,
+        query_string,
         Event._meta.get_field("headers").get_db_prep_value(headers, connection),
         body,
         len(body),
@@ -134,9 +146,9 @@ def store_event(
     # one provider id: the loser's insert does nothing (after waiting for the
     # winner's transaction on PostgreSQL) and it answers with the winner's event.
     insert_event = (
-        f"INSERT INTO {t['event']} (code, webhook_id, entrypoint_id, method, headers, body, "
-        "body_size, content_type, remote_addr, received_at, provider_id, deduplicated, "
-        "duplicates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        f"INSERT INTO {t['event']} (code, webhook_id, entrypoint_id, method, query_string, "
+        "headers, body, body_size, content_type, remote_addr, received_at, provider_id, "
+        "deduplicated, duplicates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
         f"{'ON CONFLICT DO NOTHING ' if deduplicated else ''}RETURNING id"
     )
     # One statement reads the active targets and writes their deliveries inside
@@ -165,6 +177,8 @@ def store_event(
             [event_id, Delivery.Status.PENDING, now, now, entrypoint.webhook_id],
         )
         deliveries = cursor.rowcount
+        if gone is not None and gone():
+            raise SenderGone
         if deliveries:
             wake.notify_on_commit(connection)
     return Stored(event_id=event_id, code=code, deliveries=deliveries)

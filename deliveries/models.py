@@ -405,7 +405,7 @@ class Event(models.Model):
     )
     method = models.CharField(max_length=16)
     # As received, without the "?"; forwarded after the target URL's own query
-    # unless the target's forward_query is off.
+    # unless the target's config says drop_query.
     query_string = models.TextField(blank=True, default="")
     # [[name, value], ...]: one pair per header line received, in order.
     headers = models.JSONField(default=list)

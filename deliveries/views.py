@@ -1,18 +1,51 @@
+import functools
+import logging
 import time
 
 from django.conf import settings
+from django.db import OperationalError
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from deliveries import ingest, metrics, verification
 from deliveries.models import Rejection
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
+from webhooker.edge import GONE, RAW_HEADERS
+
+logger = logging.getLogger(__name__)
+
+# Seconds a sender is asked to wait when the database cannot take its event (a
+# full disk, a writer lock not had in time): long enough for an operator or the
+# stalled writer, short enough that senders' own retries are not wasted.
+UNAVAILABLE_RETRY_AFTER = 30
 
 # Set by the server, never sent by the client: these describe the request.
 _HEADER_KEYS = ("CONTENT_TYPE", "CONTENT_LENGTH")
 
 
+def _unavailable_is_503(view):
+    """A database that cannot store the event right now is the service being
+    unavailable, not a bug: 503 with Retry-After and one log line, no traceback."""
+
+    @functools.wraps(view)
+    def wrapper(request, *args, **kwargs):
+        try:
+            return view(request, *args, **kwargs)
+        except OperationalError as exc:
+            logger.warning("inbound event not stored, database unavailable: %s", exc)
+            response = JsonResponse(
+                {"error": "temporarily unable to store events, retry later"}, status=503
+            )
+            response["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
+            # Logged once, above: Django would log every 5xx a second time.
+            response._has_been_logged = True
+            return response
+
+    return wrapper
+
+
 @csrf_exempt
+@_unavailable_is_503
 def receive(request, code):
     """POST /webhook/<code>: store the event and its deliveries, then answer."""
     if request.method != "POST":
@@ -38,18 +71,25 @@ def receive(request, code):
             )
         except verification.Rejected as exc:
             return _reject(entrypoint, request, exc)
-    stored = ingest.store_event(
-        entrypoint,
-        method=request.method,
-        headers=request_headers(request.META),
-        body=body,
-        content_type=_clean(request.META.get("CONTENT_TYPE", ""))[:255],
-        remote_addr=request.META.get("REMOTE_ADDR"),
-        provider_id=verification.provider_id(entrypoint.id_source, header, body)
-        if entrypoint.id_source
-        else "",
-        dedup=entrypoint.dedup,
-    )
+    gone = request.META.get(GONE)
+    try:
+        stored = ingest.store_event(
+            entrypoint,
+            method=request.method,
+            headers=request_headers(request.META),
+            query_string=_clean(request.META.get("QUERY_STRING", "")),
+            body=body,
+            content_type=_clean(request.META.get("CONTENT_TYPE", ""))[:255],
+            remote_addr=request.META.get("REMOTE_ADDR"),
+            provider_id=verification.provider_id(entrypoint.id_source, header, body)
+            if entrypoint.id_source
+            else "",
+            dedup=entrypoint.dedup,
+            gone=gone.is_set if gone is not None else None,
+        )
+    except ingest.SenderGone:
+        # Rolled back: the sender will retry. No one reads this answer.
+        return JsonResponse({"error": "the sender disconnected"}, status=499)
     if stored.duplicate:
         metrics.event_duplicate(entrypoint.webhook_code)
         return JsonResponse({"event": str(stored.code), "duplicate": True})
@@ -80,7 +120,15 @@ def _header_lookup(environ):
 
 
 def request_headers(environ) -> list[list[str]]:
-    """Every header as the WSGI server presents it, in its order, as [name, value]."""
+    """Every header line as received, in order, as [name, value].
+
+    The edge (webhooker/edge.py) hands over the raw lines: repeated headers stay
+    apart and names with "_" are kept. Without it (Django's test client, another
+    WSGI server) the CGI variables are all there is.
+    """
+    raw = environ.get(RAW_HEADERS)
+    if raw is not None:
+        return [[_clean(_title(name)), _clean(value)] for name, value in raw]
     headers = []
     for key, value in environ.items():
         if key.startswith("HTTP_"):
@@ -89,8 +137,14 @@ def request_headers(environ) -> list[list[str]]:
             name = key
         else:
             continue
-        headers.append([_clean("-".join(p.capitalize() for p in name.split("_"))), _clean(value)])
+        headers.append([_clean(_title(name.replace("_", "-"))), _clean(value)])
     return headers
+
+
+def _title(name: str) -> str:
+    # Servers hand header names over lower-cased (HTTP names have no case); stored
+    # and forwarded in the usual spelling.
+    return "-".join(part.capitalize() for part in name.split("-"))
 
 
 def _clean(text: str) -> str:

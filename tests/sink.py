@@ -13,6 +13,8 @@ class Received:
     headers: dict
     body: bytes
     at: float
+    # Every header line as received, repeated names apart, in order.
+    lines: list | None = None
 
 
 class Sink:
@@ -43,7 +45,9 @@ class Sink:
                     self.close_connection = True
                     return
                 with sink._cond:
-                    sink.received.append(Received(path, dict(self.headers), body, time.time()))
+                    sink.received.append(
+                        Received(path, dict(self.headers), body, time.time(), self.headers.items())
+                    )
                     sink._cond.notify_all()
                     script = sink._scripts[path]
                     status, headers = (

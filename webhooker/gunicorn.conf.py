@@ -1,8 +1,8 @@
 """gunicorn settings for webhooker's web side (`make run` and the benchmarks).
 
 The inbound endpoint faces the internet, so every request limit here is chosen,
-not inherited. gthread workers keep idle keep-alive connections off the worker
-threads, so slow or idle senders cannot occupy them all.
+not inherited. The workers are uvicorn's (webhooker/edge.py): an event loop reads
+requests, so slow or idle senders cannot occupy the threads that run Django.
 """
 
 import multiprocessing
@@ -11,20 +11,18 @@ import os
 _prod = os.environ.get("WEBHOOKER_ENVIRONMENT", "dev").strip().lower() == "prod"
 
 bind = os.environ.get("WEBHOOKER_BIND", "0.0.0.0:8080" if _prod else "127.0.0.1:8080")
-worker_class = "gthread"
+worker_class = "webhooker.edge.Worker"
 workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count() + 1))
-threads = int(os.environ.get("WEB_THREADS", 4))
+# Threads per worker and the admission queue are Django settings (WEB_THREADS,
+# WEB_QUEUE): the application, not gunicorn, owns them under this worker class.
 
 # A worker that does not report within this many seconds is restarted.
 timeout = 60
 graceful_timeout = 30
 keepalive = 5
 
-# Request-line and header limits: generous for real senders (long signed URLs,
-# big signature headers), small enough that a flood of headers costs little.
-limit_request_line = 8190
-limit_request_fields = 200
-limit_request_field_size = 16384
+# Request-line and header limits, and the deadline for a request's head, are
+# enforced by webhooker.edge.Protocol: uvicorn ignores gunicorn's limit_request_*.
 
 accesslog = "-"
 errorlog = "-"

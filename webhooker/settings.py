@@ -206,6 +206,7 @@ except (ValueError, KeyError) as exc:
 
 _engine = DATABASES["default"].get("ENGINE")
 if _engine == "django.db.backends.sqlite3":
+    _sqlite_busy = _number("SQLITE_BUSY_TIMEOUT", 20.0, cast=float, minimum=0)
     # Django's backend plus a file lock that queues writers (webhooker/sqlite).
     DATABASES["default"]["ENGINE"] = "webhooker.sqlite"
     DATABASES["default"]["OPTIONS"] = {
@@ -213,8 +214,9 @@ if _engine == "django.db.backends.sqlite3":
         # upgrade a read lock to a write lock mid-way: that upgrade is what makes
         # SQLite answer "database is locked" at once, busy timeout or not.
         "transaction_mode": "IMMEDIATE",
-        # Seconds a writer waits for the lock before giving up.
-        "timeout": 20,
+        # Seconds a writer waits for the lock before giving up (the inbound view
+        # then answers 503 with Retry-After).
+        "timeout": _sqlite_busy,
         # WAL lets readers run beside the one writer. synchronous=FULL syncs the WAL
         # at every commit: a 200 from the inbound view promises the event survives a
         # power cut. NORMAL (SQLITE_SYNCHRONOUS) only promises it survives a crash
@@ -223,7 +225,7 @@ if _engine == "django.db.backends.sqlite3":
             "PRAGMA journal_mode=WAL;"
             f"PRAGMA synchronous={_choice('SQLITE_SYNCHRONOUS', 'full', ('full', 'normal'))};"
             "PRAGMA foreign_keys=ON;"
-            "PRAGMA busy_timeout=20000;"
+            f"PRAGMA busy_timeout={int(_sqlite_busy * 1000)};"
         ),
     }
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_webhooker.sqlite3")}
@@ -280,6 +282,14 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # --- Inbound --------------------------------------------------------------------
 WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1)
+# Seconds a client has to send a whole request body: the event loop (webhooker/edge.py)
+# reads it, so a slow sender costs a connection, never a thread; past this, 408.
+WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, minimum=0.1)
+# Threads running Django in each web worker, and requests allowed to wait for one
+# beyond them; past both, 503 with Retry-After at once. A queue of 8 per thread
+# waits at most a few tens of milliseconds at the measured ~1 ms per event.
+WEB_THREADS = _number("WEB_THREADS", 4, minimum=1)
+WEB_QUEUE = _number("WEB_QUEUE", 32, minimum=0)
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
 WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
 WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")

@@ -106,6 +106,7 @@ def load_tasks(ids) -> list[Task]:
                 "event__content_type",
                 "event__body_size",
                 "event__received_at",
+                "event__query_string",
                 "inline_body",
             )
             .order_by("id")
@@ -125,6 +126,7 @@ def load_tasks(ids) -> list[Task]:
                 content_type,
                 body_size,
                 received_at,
+                query_string,
                 body,
             ) = row
             tasks.append(
@@ -142,6 +144,7 @@ def load_tasks(ids) -> list[Task]:
                     content_type=content_type,
                     body_size=body_size,
                     received_at=received_at,
+                    query_string=query_string,
                     body=bytes(body) if body is not None else None,
                 )
             )

@@ -39,6 +39,8 @@ class Task:
     # The target as it is in the database for this attempt (targetcache.TargetState),
     # set by the engine just before each attempt: never kept from an earlier one.
     target: object | None = field(default=None, repr=False)
+    # As received by the inbound view, without the "?" (http targets forward it).
+    query_string: str = ""
     # Waiting for the target's circuit breaker, not for a backoff: a probe that
     # succeeds sends it at once.
     deferred: bool = False

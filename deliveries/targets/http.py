@@ -1,10 +1,12 @@
 import numbers
 import time
+import urllib.parse
 
 from django import forms
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.utils import timezone
+from urllib3 import HTTPHeaderDict
 
 from deliveries import signing
 from deliveries.targets import transport
@@ -25,21 +27,26 @@ DROPPED_HEADERS = frozenset(
         "upgrade",
         "host",
         "content-length",
+        # The sender's handshake with webhooker, not a request to the target: the
+        # transport sends the body at once and has no 100 Continue to wait for.
+        "expect",
     }
 )
 MAX_TIMEOUT = 300
 
 
-def forwarded_headers(task, extra: dict) -> dict:
-    """The event's headers minus hop-by-hop ones, plus config and webhooker headers."""
+def forwarded_headers(task, extra: dict) -> HTTPHeaderDict:
+    """The event's header lines minus hop-by-hop ones, plus config and webhooker
+    headers. Repeated lines stay apart and in order; a config header replaces
+    every line of its name."""
     listed = set(DROPPED_HEADERS)
     for name, value in task.headers:
         if name.lower() == "connection":
             listed.update(token.strip().lower() for token in value.split(","))
-    headers = {}
+    headers = HTTPHeaderDict()
     for name, value in task.headers:
         if name.lower() not in listed and not name.lower().startswith("x-webhooker-"):
-            headers[name] = value
+            headers.add(name, value)
     if task.content_type:
         headers["Content-Type"] = task.content_type
     headers.update(extra)
@@ -103,7 +110,12 @@ class HttpTarget(TargetType):
                     f"'timeout' must be a number of seconds above 0 and at most {MAX_TIMEOUT}."
                 )
             cleaned["timeout"] = timeout
-        unknown = set(config) - {"url", "headers", "timeout"}
+        drop_query = config.get("drop_query", False)
+        if not isinstance(drop_query, bool):
+            raise ValidationError("'drop_query' must be true or false.")
+        if drop_query:
+            cleaned["drop_query"] = True
+        unknown = set(config) - {"url", "headers", "timeout", "drop_query"}
         if unknown:
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
         return cleaned
@@ -125,6 +137,12 @@ class HttpTarget(TargetType):
                 max_value=MAX_TIMEOUT,
                 help_text="HTTP targets: seconds per attempt (empty: the engine's default).",
             ),
+            "drop_query": forms.BooleanField(
+                required=False,
+                label="Drop query string",
+                help_text="HTTP targets: do not append the query string an event was "
+                "received with to the URL's own query.",
+            ),
         }
 
     def deliver(self, task, body):
@@ -132,15 +150,28 @@ class HttpTarget(TargetType):
         headers = forwarded_headers(task, config.get("headers", {}))
         if task.target.signing:
             sign(headers, task, body)
+        url = config["url"]
+        if not config.get("drop_query"):
+            url = with_query(url, task.query_string)
         return transport.post(
-            config["url"],
+            url,
             data=body,
             headers=headers,
             timeout=config.get("timeout"),
+            forwarded=True,
         )
 
 
-def sign(headers: dict, task, body: bytes) -> None:
+def with_query(url: str, query: str) -> str:
+    """`url` with `query` appended to its own query, both kept as they are."""
+    if not query:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    joined = f"{parts.query}&{query}" if parts.query else query
+    return urllib.parse.urlunsplit(parts._replace(query=joined))
+
+
+def sign(headers: HTTPHeaderDict, task, body: bytes) -> None:
     """Add the Standard Webhooks headers for this attempt, in place of any the
     sender's own request carried (they would not verify with our secret)."""
     target = task.target

@@ -10,6 +10,8 @@ import time
 
 import requests
 from django.conf import settings
+from urllib3 import HTTPHeaderDict
+from urllib3.util import SKIP_HEADER
 
 from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome
 from deliveries.targets.deadline import watchdog
@@ -28,7 +30,9 @@ def session() -> requests.Session:
         # The receiver's proxies and .netrc of the machine must not leak into
         # deliveries: targets are exactly the configured URLs.
         s.trust_env = False
-        s.headers["User-Agent"] = USER_AGENT
+        # No headers of the client's own (Accept, Accept-Encoding, Connection,
+        # User-Agent): a delivery carries what the sender sent (post()).
+        s.headers.clear()
         adapter = GuardedAdapter()
         s.mount("http://", adapter)
         s.mount("https://", adapter)
@@ -52,8 +56,34 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outcome:
+def exact_headers(prepared: requests.PreparedRequest, headers, user_agent) -> HTTPHeaderDict:
+    """The prepared request's own headers (Content-Length) and `headers`, every
+    line of them, and nothing the HTTP libraries would add by default."""
+    exact = HTTPHeaderDict(
+        {k: v for k, v in prepared.headers.items() if k.lower() not in _lower(headers)}
+    )
+    for name, value in headers.items():
+        exact.add(name, value)
+    if "User-Agent" not in exact:
+        exact["User-Agent"] = user_agent or SKIP_HEADER
+    if "Accept-Encoding" not in exact:
+        exact["Accept-Encoding"] = SKIP_HEADER
+    return exact
+
+
+def _lower(headers) -> set:
+    return {name.lower() for name in headers}
+
+
+def post(
+    url: str, *, data: bytes, headers, timeout: float | None, forwarded: bool = False
+) -> Outcome:
     """POST once; never follow redirects; read at most the stored response excerpt.
+
+    `headers` (a mapping; an HTTPHeaderDict for repeated names) are sent exactly:
+    each line, in order, and no client defaults beside them. webhooker's own
+    messages (Slack, alerts) name it as their User-Agent; a `forwarded` event
+    carries only the sender's.
 
     `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds each connect and read, and also the
     whole attempt: a receiver that drips its answer is cut off when it runs out.
@@ -61,10 +91,11 @@ def post(url: str, *, data: bytes, headers: dict, timeout: float | None) -> Outc
     timeout = timeout or settings.DELIVERY_HTTP_TIMEOUT
     with watchdog.deadline(timeout) as deadline:
         try:
-            response = session().post(
-                url,
-                data=data,
-                headers=headers,
+            s = session()
+            prepared = s.prepare_request(requests.Request("POST", url, data=data))
+            prepared.headers = exact_headers(prepared, headers, None if forwarded else USER_AGENT)
+            response = s.send(
+                prepared,
                 timeout=timeout,
                 allow_redirects=False,
                 stream=True,

@@ -16,7 +16,15 @@ def gunicorn_command(*options):
     exercise the configuration `make run` serves.
     """
     config = settings.BASE_DIR / "webhooker" / "gunicorn.conf.py"
-    return [sys.executable, "-m", "gunicorn", "-c", str(config), *options, "webhooker.wsgi"]
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(config),
+        *options,
+        "webhooker.asgi:application",
+    ]
 
 
 def rundelivery_command(*args):
