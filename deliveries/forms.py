@@ -55,6 +55,8 @@ class FiltersField(forms.JSONField):
 
 class TargetForm(forms.ModelForm, _ConfigFields):
     type_fields = {type_: tuple(fields) for type_, fields in CONFIG_FIELDS.items() if fields}
+    # Who edits (for_user): named in the reason when they pause without giving one.
+    user = None
 
     filters = FiltersField(
         required=False,
@@ -94,9 +96,6 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             self.fields[name].show_hidden_initial = True
         # Empty means no limit, as 0 does.
         self.fields["rate_limit"].required = False
-
-    # Who edits: named in the reason when they pause without giving one.
-    user = None
 
     @classmethod
     def for_user(cls, user):
