@@ -252,7 +252,7 @@ class Runner:
         heartbeat.beat(self.engine.config.name, self.gauges())
 
     def prune(self) -> None:
-        removed = prune_events()
+        removed = prune_events(stop=self.engine.stop_event)
         if removed:
             logger.info(
                 "retention: pruned %d events, %d deliveries, %d results",

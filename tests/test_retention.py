@@ -1,0 +1,87 @@
+"""Retention in short transactions that yield, and space given back on SQLite."""
+
+import datetime
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from deliveries import retention
+from deliveries.models import Event
+from tests.engine_helpers import store
+
+
+class Waits:
+    """A stop event that is never set and records how long it was waited on."""
+
+    def __init__(self):
+        self.waits = []
+
+    def wait(self, seconds):
+        self.waits.append(seconds)
+        return False
+
+    def is_set(self):
+        return False
+
+
+def age(days):
+    Event.objects.update(received_at=timezone.now() - datetime.timedelta(days=days))
+
+
+@pytest.mark.django_db
+def test_each_batch_is_its_own_transaction_and_the_pruner_yields_after_it(entrypoint):
+    entrypoint.webhook.retention_days = 1
+    entrypoint.webhook.save()
+    store(entrypoint, n=7)
+    age(2)
+    stop = Waits()
+    removed = retention.prune_events(batch=3, stop=stop)
+    assert removed["events"] == 7
+    # One pause after each of the three batches, as long as the batch took.
+    assert len(stop.waits) == 3
+    assert all(0 <= w < 5 for w in stop.waits)
+
+
+@pytest.mark.django_db
+def test_a_set_stop_ends_the_prune_between_batches(entrypoint):
+    import threading
+
+    store(entrypoint, n=4)
+    age(entrypoint.webhook.retention_days + 1)
+    stop = threading.Event()
+    stop.set()
+    assert retention.prune_events(batch=2, stop=stop)["events"] == 2
+    assert Event.objects.count() == 2
+
+
+def pragma(name):
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA {name}")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's auto_vacuum")
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_gives_the_space_back_to_the_file_system(entrypoint):
+    assert pragma("auto_vacuum") == 2  # INCREMENTAL, set before the tables existed
+    store(entrypoint, body=b"x" * 40_000, n=100)
+    age(entrypoint.webhook.retention_days + 1)
+    before = pragma("page_count")
+    assert retention.prune_events()["events"] == 100
+    assert pragma("freelist_count") == 0
+    # About 4 MB of bodies, in 4 KiB pages, no longer in the file.
+    assert pragma("page_count") < before - 900
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's VACUUM")
+@pytest.mark.django_db(transaction=True)
+def test_pruneevents_vacuum_switches_an_old_file_to_incremental(entrypoint, capsys):
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA auto_vacuum=NONE")
+        cursor.execute("VACUUM")
+    assert pragma("auto_vacuum") == 0
+    call_command("pruneevents", vacuum=True)
+    assert "Vacuumed." in capsys.readouterr().out
+    assert pragma("auto_vacuum") == 2
