@@ -2,32 +2,45 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# One stamp per set of extras: `make run` installs only what running needs, the
+# test and benchmark tools come with `make test` and `make bench`.
 INSTALLED := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(INSTALLED): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(INSTALLED)-run: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+# The suite runs the benchmarks once, tiny (tests/test_bench.py): it needs their extras too.
+$(INSTALLED)-test: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-run: $(INSTALLED)
+$(INSTALLED)-bench: pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[bench]'
+	touch $@
+
+run: $(INSTALLED)-run
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py collectstatic --noinput --verbosity 0
 	$(PY) manage.py ensureadmin
 	$(PY) manage.py serve
 
 # Tests keep their data (SQLite file, secret key, sockets) apart from `make run`'s.
-test: $(INSTALLED)
+test: $(INSTALLED)-test
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: $(INSTALLED)
+lint: $(INSTALLED)-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
 # Benchmarks need wrk and nginx from Debian's packages, PostgreSQL and Redis running.
-bench: $(INSTALLED)
+bench: $(INSTALLED)-bench
 	@command -v wrk >/dev/null && command -v nginx >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light)
 	$(PY) bench/run.py

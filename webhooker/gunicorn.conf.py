@@ -28,6 +28,25 @@ accesslog = "-"
 errorlog = "-"
 loglevel = os.environ.get("GUNICORN_LOG_LEVEL", "info")
 
+if os.environ.get("LOG_FORMAT", "plain").strip().lower() == "json":
+    # gunicorn's and uvicorn's own lines as JSON too, like Django's (settings.LOGGING).
+    logconfig_dict = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": "deliveries.logs.JsonFormatter"}},
+        "handlers": {
+            "console": {
+                "class": "logging.StreamHandler",
+                "formatter": "json",
+                "stream": "ext://sys.stdout",
+            }
+        },
+        "loggers": {
+            name: {"handlers": ["console"], "level": loglevel.upper(), "propagate": False}
+            for name in ("gunicorn.error", "gunicorn.access")
+        },
+    }
+
 # gunicorn's control socket lives in the user's home and is shared by every
 # instance; webhooker does not use it.
 control_socket_disable = True

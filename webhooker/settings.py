@@ -130,6 +130,10 @@ if not ALLOWED_HOSTS:
     ALLOWED_HOSTS = ["localhost", "127.0.0.1", "[::1]"]
 
 INSTALLED_APPS = [
+    # The admin's look (django-unfold): before django.contrib.admin, whose
+    # templates it overrides; its filters app gives the dropdown and date-range filters.
+    "unfold",
+    "unfold.contrib.filters",
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -165,6 +169,25 @@ AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
+
+# --- Admin (django-unfold) ------------------------------------------------------
+# Callables are named by path and called per request (deliveries/console.py): the
+# sidebar lists only what the user may see; the login throttling tables sit under
+# "Security", for superusers only.
+UNFOLD = {
+    "SITE_TITLE": "webhooker",
+    "SITE_HEADER": "webhooker",
+    "SITE_SYMBOL": "webhook",
+    "SHOW_HISTORY": False,
+    "SHOW_VIEW_ON_SITE": False,
+    "SIDEBAR": {
+        "show_search": False,
+        "show_all_applications": False,
+        "navigation": "deliveries.console.navigation",
+    },
+    "STYLES": ["deliveries.console.stylesheet"],
+    "SCRIPTS": ["deliveries.console.script"],
+}
 
 # --- Login throttling (django-axes) ----------------------------------------------
 # At most 5 failed logins per client address per minute; the 6th gets 429 until
@@ -322,6 +345,14 @@ DELIVERY_BACKOFF_CAP = _number("DELIVERY_BACKOFF_CAP", 3600.0, cast=float, minim
 # enough to outlast a weekend outage, short enough not to retry a dead URL forever).
 DELIVERY_DISABLE_AFTER = _number("DELIVERY_DISABLE_AFTER", 5 * 86_400.0, cast=float, minimum=1)
 
+# PostgreSQL: every delivery belongs to one of this many partitions (by its target);
+# engines share the database by holding partitions. Fixed for the life of the
+# database: 64 spreads evenly over up to a few dozen engines, and an engine holding
+# many costs one advisory lock each.
+DELIVERY_PARTITIONS = _number("DELIVERY_PARTITIONS", 64, minimum=1)
+# Seconds between two looks at who is alive and which partitions to take or hand over.
+DELIVERY_REBALANCE_INTERVAL = _number("DELIVERY_REBALANCE_INTERVAL", 5.0, cast=float, minimum=0.05)
+
 # --- Alerts (deliveries/alerts.py) --------------------------------------------------
 # Seconds a breaker may stay open before the webhook's owner is told.
 ALERT_BREAKER_AFTER = _number("ALERT_BREAKER_AFTER", 600.0, cast=float, minimum=1)
@@ -371,9 +402,14 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # One JSON object per line, `extra=` fields included (deliveries/logs.py).
+        "json": {"()": "deliveries.logs.JsonFormatter"},
     },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": _choice("LOG_FORMAT", "plain", ("plain", "json")),
+        },
     },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
@@ -384,3 +420,19 @@ LOGGING = {
         },
     },
 }
+
+# --- Error reporting ------------------------------------------------------------------
+# With SENTRY_DSN, unhandled errors (web and engine) and error log lines go to
+# Sentry. No request bodies or personal data are sent: events carry webhooks'
+# payloads, which are their senders' data, not ours to ship elsewhere.
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+if SENTRY_DSN:
+    import sentry_sdk
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=env.str("SENTRY_ENVIRONMENT", default="prod" if PRODUCTION else "dev"),
+        send_default_pii=False,
+        max_request_body_size="never",
+        traces_sample_rate=0.0,
+    )

@@ -97,4 +97,6 @@ def log_attempt(result: AttemptResult) -> None:
         outcome.status_code if outcome.status_code is not None else "-",
         result.duration_ms,
         f" error={outcome.error!r}" if outcome.error else "",
+        # Fields of their own under LOG_FORMAT=json (deliveries/logs.py).
+        extra={"delivery": task.delivery_id, "event": str(task.event_code)},
     )

@@ -22,5 +22,6 @@ class LogTarget(TargetType):
             task.content_type,
             task.body_size,
             body[:BODY_EXCERPT].decode("utf-8", "replace"),
+            extra={"delivery": task.delivery_id, "event": str(task.event_code)},
         )
         return Outcome(success=True)

@@ -1,0 +1,65 @@
+"""LOG_FORMAT=json and SENTRY_DSN, in real processes."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from deliveries.models import Target
+from tests.processes import ROOT, process_env, start_engine, start_web, wait_until
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every log line, each one JSON object (rundelivery's own words to the
+    operator at Ctrl+C are not log lines)."""
+    return [
+        json.loads(line)
+        for line in text.splitlines()
+        if line.strip() and not line.startswith("rundelivery: ")
+    ]
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_json_logs_carry_the_delivery_and_the_event_as_fields(entrypoint, make_target, data_dir):
+    make_target(Target.Type.LOG, name="log")
+    web, base = start_web(data_dir, workers=1, LOG_FORMAT="json")
+    engine = start_engine(data_dir, verbosity=1, LOG_FORMAT="json")
+    try:
+        event = requests.post(f"{base}/webhook/{entrypoint.code}", data=b"{}", timeout=10).json()
+        code = event["event"]
+        wait_until(lambda: code in engine.log(), message="the attempt's log line")
+    finally:
+        engine.stop()
+        web.stop()
+    lines = json_lines(engine.log())
+    attempt = [e for e in lines if e.get("event") == code and "attempt=" in e["message"]]
+    assert attempt and isinstance(attempt[0]["delivery"], int)
+    assert {"time", "level", "logger", "message"} <= attempt[0].keys()
+    assert json_lines(web.log())
+
+
+SENTRY_PROBE = """
+import logging, django, sentry_sdk
+django.setup()
+logging.getLogger("deliveries").error("probe for sentry")
+sentry_sdk.flush(5)
+"""
+
+
+@pytest.mark.django_db
+def test_sentry_dsn_sends_errors_to_sentry(sink, data_dir):
+    dsn = f"http://public@127.0.0.1:{sink.port}/1"
+    subprocess.run(
+        [sys.executable, "-c", SENTRY_PROBE],
+        cwd=ROOT,
+        env=process_env(data_dir, SENTRY_DSN=dsn),
+        check=True,
+        timeout=60,
+    )
+    [envelope] = sink.wait_for(1)
+    assert envelope.path.startswith("/api/1/envelope/")
+    assert b"probe for sentry" in gzip.decompress(envelope.body)
