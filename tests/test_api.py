@@ -340,7 +340,9 @@ def test_an_event_with_its_headers_and_its_body_as_received(alice, mine):
         content_type="application/x-thing",
     )
     client = client_of(alice)
+    Event.objects.filter(pk=event.pk).update(query_string="a=1&b=2")
     detail = client.get(f"/api/v1/events/{event.pk}/").json()
+    assert detail["query_string"] == "a=1&b=2"
     assert detail["headers"] == [["Content-Type", "application/x-thing"], ["X-Trace", "1"]]
     assert detail["body_size"] == len(body)
     for accept in ("*/*", "application/octet-stream", "application/json"):
@@ -466,6 +468,15 @@ def test_redeliver_with_one_unknown_id_changes_nothing(alice, mine, theirs):
     )
     assert str(theirs["delivery"]) in assert_error(response, 404)["error"]
     assert snapshot(alice) == before
+
+
+def test_redeliver_ids_and_a_filter_together(alice, mine):
+    client = client_of(alice)
+    url = "/api/v1/deliveries/redeliver/"
+    body = {"ids": [mine["delivery"]], "status": "delivered"}
+    assert client.post(url, body, format="json").json() == {"queued": 0, "matched": 0}
+    body["status"] = "failed"
+    assert client.post(url, body, format="json").json() == {"queued": 1, "matched": 1}
 
 
 def test_redeliver_needs_ids_or_a_filter(alice, mine):

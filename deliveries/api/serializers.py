@@ -6,6 +6,7 @@ import copy
 
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models
 from django.urls import reverse
 from rest_framework import serializers
 from rest_framework.settings import api_settings
@@ -32,7 +33,7 @@ class ModelCleaned(serializers.ModelSerializer):
 
     def get_fields(self):
         fields = super().get_fields()
-        if self.instance is not None and not isinstance(self.instance, list):
+        if isinstance(self.instance, models.Model):  # an update
             for name in self.create_only:
                 fields[name].read_only = True
         return fields
@@ -226,7 +227,7 @@ class EventDetailSerializer(EventSerializer):
     body_url = serializers.SerializerMethodField(help_text="The exact body, downloadable.")
 
     class Meta(EventSerializer.Meta):
-        fields = [*EventSerializer.Meta.fields, "headers", "body_url"]
+        fields = [*EventSerializer.Meta.fields, "query_string", "headers", "body_url"]
 
     def get_body_url(self, obj) -> str:
         request = self.context["request"]

@@ -48,7 +48,7 @@ class OwnedViewSet(viewsets.GenericViewSet):
 
     def selected(self, queryset, selection) -> QuerySet:
         """A bulk action's rows: `ids` (each must be visible, else 404) and filters."""
-        queryset = selection.apply(queryset)
+        selection.is_valid(raise_exception=True)
         ids = selection.validated_data.get("ids")
         if ids:
             queryset = queryset.filter(pk__in=ids)
@@ -56,7 +56,7 @@ class OwnedViewSet(viewsets.GenericViewSet):
             if missing:
                 name = self.model._meta.verbose_name
                 raise NotFound(f"No such {name}: {', '.join(map(str, sorted(missing)))}.")
-        return queryset
+        return selection.apply(queryset)
 
 
 class CrudViewSet(
