@@ -12,21 +12,24 @@ redirect.
 import datetime
 import json
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, URLField
-from django.http import Http404, HttpResponse
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Q, Subquery, URLField
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import filesizeformat
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
 
-from deliveries import health, ssrf
-from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
+from deliveries import health, signing, ssrf, verification
+from deliveries.forms import EntrypointForm, PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import (
     Alert,
     ApiKey,
@@ -34,6 +37,7 @@ from deliveries.models import (
     DeliveryResult,
     Entrypoint,
     Event,
+    Rejection,
     Target,
     Webhook,
 )
@@ -100,8 +104,8 @@ class ReadOnlyMixin:
 class EntrypointInline(admin.TabularInline):
     model = Entrypoint
     extra = 0
-    fields = ["inbound_url", "description", "active", "created_at"]
-    readonly_fields = ["inbound_url", "created_at"]
+    fields = ["inbound_url", "description", "active", "trust", "created_at"]
+    readonly_fields = ["inbound_url", "trust", "created_at"]
 
     def get_formset(self, request, obj=None, **kwargs):
         self._request = request  # inline instances are made per request
@@ -119,17 +123,73 @@ class EntrypointInline(admin.TabularInline):
             url,
         )
 
+    @admin.display(description="Verification and dedup")
+    def trust(self, obj):
+        if not obj.pk:
+            return "(set once saved)"
+        return format_html(
+            '{} <a href="{}">change</a>',
+            trust_summary(obj),
+            reverse("admin:deliveries_entrypoint_change", args=[obj.pk]),
+        )
+
+
+def trust_summary(entrypoint) -> str:
+    parts = [entrypoint.get_verification_display() if entrypoint.verification != "none" else ""]
+    if entrypoint.dedup:
+        parts.append(f"dedup by {entrypoint.id_source}")
+    return " · ".join(p for p in parts if p) or "none"
+
+
+class SigningSecretMixin:
+    """The target's signing secret, masked until revealed, with Copy and Rotate."""
+
+    @admin.display(description="Signing secret")
+    def signing_secret_view(self, obj):
+        if not obj.pk:
+            return "(made when the target is saved)"
+        element = f"wh-secret-{obj.pk}"
+        rotated = ""
+        if obj.previous_signing_secret and obj.secret_rotated_at:
+            rotated = format_html(
+                "<br><small>Rotated {}; the previous secret is also signed with until the "
+                "overlap ends.</small>",
+                timezone.localtime(obj.secret_rotated_at).strftime("%Y-%m-%d %H:%M"),
+            )
+        masked = signing.mask(obj.signing_secret)
+        return format_html(
+            '<code id="{}" class="wh-url" data-secret="{}" data-masked="{}">{}</code>'
+            ' <button type="button" class="wh-copy wh-reveal" data-for="{}">Reveal</button>'
+            ' <button type="button" class="wh-copy" data-copy="{}">Copy</button>'
+            ' <button type="submit" class="wh-copy wh-rotate" formaction="{}" formmethod="post"'
+            ' data-confirm="{}">Rotate secret</button>{}',
+            element,
+            obj.signing_secret,
+            masked,
+            masked,
+            element,
+            obj.signing_secret,
+            reverse("admin:deliveries_target_rotate_secret", args=[obj.pk]),
+            "Make a new signing secret? Unsaved changes on this page are lost. "
+            "The current secret stays valid during the rotation overlap.",
+            rotated,
+        )
+
 
 # The target form's fieldsets after its type's fields: on the webhook page and on
 # the target's own page.
 TARGET_FIELDSETS = [
+    (
+        "Signing (Standard Webhooks)",
+        {"fields": ["signing", "signing_secret_view"], "classes": ["wh-type-http"]},
+    ),
     ("Delivery", {"fields": [("max_retries", "max_queue_size"), ("ordered", "rate_limit")]}),
     ("Pause", {"fields": [("paused", "paused_reason")]}),
     ("Filters", {"fields": ["filters"]}),
 ]
 
 
-class TargetInline(admin.StackedInline):
+class TargetInline(SigningSecretMixin, admin.StackedInline):
     model = Target
     form = TargetForm
     extra = 0
@@ -138,7 +198,7 @@ class TargetInline(admin.StackedInline):
         *TargetForm.type_fieldsets(),
         *TARGET_FIELDSETS,
     ]
-    readonly_fields = ["health_line"]
+    readonly_fields = ["health_line", "signing_secret_view"]
 
     def get_formset(self, request, obj=None, **kwargs):
         self._breakers = health.breakers()  # inline instances are made per request
@@ -193,7 +253,7 @@ class WebhookAdmin(OwnedAdmin):
     formfield_overrides = {URLField: {"assume_scheme": "https"}}
 
     class Media:
-        js = ["deliveries/admin.js"]
+        js = ["deliveries/admin.js", "deliveries/trust.js"]
         css = {"all": ["deliveries/admin.css"]}
 
     def get_list_display(self, request):
@@ -361,17 +421,20 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         "content_type",
         "size",
         "remote_addr",
+        "provider_id",
         "received_at",
     ]
     list_select_related = ["webhook"]
     list_filter = [WebhookFilter, ("received_at", admin.DateFieldListFilter)]
     search_fields = ["=code"]
+    search_help_text = "An event's code, or its sender's event id (e.g. X-GitHub-Delivery)."
     paginator = CappedCountPaginator
     show_full_result_count = False
     inlines = [DeliveryInline]
     actions = ["replay"]
     fieldsets = [
         (None, {"fields": ["code", "webhook", "entrypoint", "received_at"]}),
+        ("Sender's event id", {"fields": ["provider_id", "received"]}),
         ("Request", {"fields": ["method", "query_string", "content_type", "size", "remote_addr"]}),
         ("Headers", {"fields": ["headers_table"]}),
         ("Body", {"fields": ["body_view"]}),
@@ -398,6 +461,23 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def get_search_results(self, request, queryset, search_term):
+        results, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        if term:
+            # Exact, and with the partial index's own condition, so that SQLite
+            # (not only PostgreSQL) answers from event_provider_id_idx.
+            results |= queryset.filter(~Q(provider_id=""), provider_id=term)
+        return results, duplicates
+
+    @admin.display(description="Received")
+    def received(self, obj):
+        if not obj.provider_id:
+            return "–"
+        if not obj.duplicates:
+            return "once"
+        return f"{obj.duplicates + 1} times (the repeats were answered as duplicates)"
 
     def body_download(self, request, object_id):
         """The exact bytes as received."""
@@ -658,7 +738,7 @@ class TargetWebhookFilter(WebhookFilter):
 
 
 @admin.register(Target)
-class TargetAdmin(OwnedAdmin):
+class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     """The target as the unit of control: its state, health and the actions on it.
     Targets are added on their webhook's page."""
 
@@ -667,7 +747,7 @@ class TargetAdmin(OwnedAdmin):
     list_select_related = ["webhook"]
     list_filter = [TargetWebhookFilter, "paused", "active", ("type", admin.ChoicesFieldListFilter)]
     search_fields = ["name", "webhook__name"]
-    actions = ["pause", "resume", "redeliver_failed"]
+    actions = ["pause", "resume", "redeliver_failed", "rotate_secrets"]
     fieldsets = [
         (None, {"fields": [("name", "webhook"), ("type", "active")]}),
         ("Health, last 24 hours", {"fields": ["health_line", "breaker", "failing_since"]}),
@@ -675,14 +755,52 @@ class TargetAdmin(OwnedAdmin):
         *TARGET_FIELDSETS,
         (None, {"fields": ["paused_at"]}),
     ]
-    readonly_fields = ["webhook", "health_line", "breaker", "failing_since", "paused_at"]
+    readonly_fields = [
+        "webhook",
+        "health_line",
+        "breaker",
+        "failing_since",
+        "paused_at",
+        "signing_secret_view",
+    ]
 
     class Media:
-        js = ["deliveries/admin.js"]
+        js = ["deliveries/admin.js", "deliveries/trust.js"]
         css = {"all": ["deliveries/admin.css"]}
 
     def has_add_permission(self, request):
         return False
+
+    def get_urls(self):
+        return [
+            path(
+                "<path:object_id>/rotate-secret/",
+                self.admin_site.admin_view(require_POST(self.rotate_secret)),
+                name="deliveries_target_rotate_secret",
+            ),
+            *super().get_urls(),
+        ]
+
+    def rotate_secret(self, request, object_id):
+        """The Rotate secret button (on the target's page and on its webhook's)."""
+        target = self.get_object(request, object_id)  # 404 for others' targets
+        if not self.has_change_permission(request, target):
+            raise Http404("No such object.")
+        target.rotate_signing_secret()
+        self.message_user(request, rotated_message(1), messages.SUCCESS)
+        back = request.headers.get("Referer", "")
+        if not url_has_allowed_host_and_scheme(
+            back, {request.get_host()}, require_https=request.is_secure()
+        ):
+            back = reverse("admin:deliveries_target_change", args=[target.pk])
+        return HttpResponseRedirect(back)
+
+    @admin.action(description="Rotate signing secrets of selected targets")
+    def rotate_secrets(self, request, queryset):
+        targets = list(queryset)
+        for target in targets:
+            target.rotate_signing_secret()
+        self.message_user(request, rotated_message(len(targets)), messages.SUCCESS)
 
     def get_queryset(self, request):
         return health.annotate(super().get_queryset(request))
@@ -817,6 +935,15 @@ class TargetAdmin(OwnedAdmin):
         return TemplateResponse(request, "admin/deliveries/target/action_form.html", context)
 
 
+def rotated_message(n: int) -> str:
+    hours = settings.SIGNING_ROTATION_OVERLAP / 3600
+    return (
+        f"New signing secret for {n} target{'s' if n != 1 else ''}. Deliveries are signed "
+        f"with the new and the previous secret for {hours:g} hours; give receivers the new "
+        "one before then."
+    )
+
+
 class AlertWebhookFilter(WebhookFilter):
     field = "target__webhook"
 
@@ -840,6 +967,72 @@ class AlertAdmin(ReadOnlyMixin, OwnedAdmin):
         return format_html(
             '<a href="{}">{} → {}</a>', url, obj.target.webhook.name, obj.target.name
         )
+
+
+# --- entrypoints: verification and deduplication --------------------------------
+
+
+class RejectionInline(ReadOnlyInline):
+    model = Rejection
+    fields = ["created_at", "remote_addr", "reason"]
+    readonly_fields = fields
+    verbose_name_plural = f"rejected requests (the last {Rejection.KEEP}, newest first)"
+
+    def has_view_permission(self, request, obj=None):
+        # Part of the entrypoint's record: whoever may see it sees why it refused.
+        return request.user.has_perm("deliveries.view_entrypoint")
+
+
+class EntrypointWebhookFilter(WebhookFilter):
+    field = "webhook"
+
+
+@admin.register(Entrypoint)
+class EntrypointAdmin(OwnedAdmin):
+    """An entrypoint's verification and deduplication, and what it refused.
+    Entrypoints are added on their webhook's page."""
+
+    form = EntrypointForm
+    list_display = ["__str__", "webhook", "verification", "dedup", "active", "created_at"]
+    list_select_related = ["webhook"]
+    list_filter = [EntrypointWebhookFilter, "verification", "dedup", "active"]
+    search_fields = ["description", "webhook__name"]
+    inlines = [RejectionInline]
+    view_on_site = False  # its URL takes POSTs only
+    fieldsets = [
+        (None, {"fields": [("webhook", "inbound_path"), ("description", "active")]}),
+        (
+            "Verification",
+            {
+                "fields": ["verification", "secret_status", *EntrypointForm.config_keys],
+                "description": "Checked over the raw body before anything is stored; a "
+                "request that fails is answered 401 and listed below.",
+            },
+        ),
+        ("Deduplication", {"fields": ["dedup", "dedup_source"]}),
+    ]
+    readonly_fields = ["webhook", "inbound_path", "secret_status"]
+
+    class Media:
+        js = ["deliveries/admin.js", "deliveries/trust.js"]
+        css = {"all": ["deliveries/admin.css"]}
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="Inbound path")
+    def inbound_path(self, obj):
+        return format_html('<code class="wh-url">{}</code>', obj.get_absolute_url())
+
+    @admin.display(description="Stored secret")
+    def secret_status(self, obj):
+        preset = verification.PRESETS.get(obj.verification)
+        stored = [
+            f"{key}: {signing.mask(obj.verification_config[key])}"
+            for key in (preset.secret_keys if preset else ())
+            if obj.verification_config.get(key)
+        ]
+        return ", ".join(stored) or "none"
 
 
 # --- API keys --------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""The target form: one proper field per config key instead of raw JSON.
+"""The target and entrypoint forms: one proper field per config key instead of raw JSON.
 
 Each target type declares the form fields of its config next to its clean_config()
-(deliveries/targets); this form holds the fields of every type and reads those of
-the type chosen.
+(deliveries/targets); the target form holds the fields of every type and reads those
+of the type chosen. The entrypoint form does the same for verification presets.
 """
 
 import copy
@@ -13,8 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db import connections
 from django.utils import timezone
 
-from deliveries import wake
-from deliveries.models import Target
+from deliveries import verification, wake
+from deliveries.models import Entrypoint, Target
 from deliveries.targets import TARGET_TYPES, clean_config
 
 # {type: {config key: form field}}. A field marked required there is required when
@@ -80,6 +80,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             "ordered",
             "rate_limit",
             "filters",
+            "signing",
         ]
         labels = {"paused_reason": "Reason", "rate_limit": "Rate limit (per second)"}
 
@@ -179,3 +180,87 @@ class RedeliverFailedForm(forms.Form):
         help_text="Every delivery of these targets that failed at or after this time is "
         "sent again (its earlier attempts are kept).",
     )
+
+
+class EntrypointForm(forms.ModelForm):
+    """An entrypoint with its verification preset's settings as fields.
+
+    Secrets are write-only: the page never sends them back, and a secret field left
+    blank keeps the one stored for the same preset.
+    """
+
+    secret = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="The signing secret or token the sender was given (blank: keep the current one).",
+    )
+    header = forms.CharField(
+        required=False,
+        max_length=100,
+        help_text="The header carrying the signature or token, e.g. X-Signature.",
+    )
+    algorithm = forms.ChoiceField(
+        required=False, choices=[(a, a.upper()) for a in verification.ALGORITHMS]
+    )
+    encoding = forms.ChoiceField(required=False, choices=[(e, e) for e in verification.ENCODINGS])
+    prefix = forms.CharField(
+        required=False,
+        strip=False,
+        max_length=50,
+        help_text="Text before the signature in the header, e.g. sha256= (may be empty).",
+    )
+    username = forms.CharField(required=False, max_length=150)
+    password = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Blank: keep the current one.",
+    )
+
+    # Every config key has a field of the same name above.
+    config_keys = ("secret", "header", "algorithm", "encoding", "prefix", "username", "password")
+
+    class Meta:
+        model = Entrypoint
+        fields = ["description", "active", "verification", "dedup", "dedup_source"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        preset = verification.PRESETS.get(self.instance.verification)
+        config = self.instance.verification_config or {}
+        for key in self.config_keys:
+            if preset is not None and key not in preset.secret_keys and key in config:
+                self.initial.setdefault(key, config[key])
+        # What trust.js needs to show only the chosen preset's fields.
+        self.fields["verification"].widget.attrs.update(
+            {
+                "data-preset-keys": json.dumps(
+                    {name: list(p.keys) for name, p in verification.PRESETS.items()}
+                ),
+                "data-all-keys": json.dumps(self.config_keys),
+            }
+        )
+
+    def clean(self):
+        cleaned = super().clean()
+        name = cleaned.get("verification")
+        preset = verification.PRESETS.get(name)
+        if preset is None:
+            return cleaned
+        stored = self.instance.verification_config or {}
+        # The stored secrets are kept only for the preset they were entered for.
+        kept = stored if self.instance.pk and self.instance.verification == name else {}
+        config = {}
+        for key in preset.keys:
+            value = cleaned.get(key)
+            if key in preset.secret_keys and not value:
+                value = kept.get(key)
+            if value not in (None, ""):
+                config[key] = value
+        try:
+            self.instance.verification_config = verification.clean_config(name, config)
+        except ValidationError as exc:
+            for key, messages in exc.message_dict.items():
+                self.add_error(key if key in self.fields else None, messages)
+        return cleaned
