@@ -4,7 +4,15 @@ from deliveries.api.errors import ErrorSerializer
 
 
 class ApiSchema(AutoSchema):
-    """Documents the error answers every operation can give, in the one error shape."""
+    """Documents each list's query parameters (its view's list_filter) and the error
+    answers every operation can give, in the one error shape."""
+
+    def get_override_parameters(self):
+        parameters = super().get_override_parameters()
+        list_filter = getattr(self.view, "list_filter", None)
+        if list_filter is not None and self._is_list_view():
+            parameters = [*parameters, list_filter]
+        return parameters
 
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
