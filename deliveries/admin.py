@@ -10,7 +10,9 @@ redirect.
 """
 
 import datetime
+import functools
 import json
+import re
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -27,6 +29,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from unfold.admin import ModelAdmin, StackedInline, TabularInline
 
 from deliveries import health, signing, ssrf, verification
 from deliveries.forms import EntrypointForm, PauseForm, RedeliverFailedForm, TargetForm
@@ -41,6 +44,7 @@ from deliveries.models import (
     Target,
     Webhook,
 )
+from deliveries.targets.base import TargetURLField
 
 STATUS_COLOURS = {
     "pending": "#6b7280",
@@ -59,6 +63,15 @@ def status_badge(status):
     )
 
 
+class AtLeast(int):
+    """A count that was capped: it pages as the number it is, and reads "10000+"
+    wherever the admin prints it ("Select all 10000+ deliveries"), never as if it
+    were the exact number."""
+
+    def __str__(self):
+        return f"{int(self) - 1}+"
+
+
 class CappedCountPaginator(Paginator):
     """Counts at most CAP rows: a COUNT(*) over millions of rows is the slowest
     query a change list runs, and nobody pages past the first few thousand."""
@@ -67,10 +80,59 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self):
-        return self.object_list[: self.CAP + 1].count()
+        count = self.object_list[: self.CAP + 1].count()
+        return AtLeast(count) if count > self.CAP else count
 
 
-class OwnedAdmin(admin.ModelAdmin):
+def confirmed(noun: str):
+    """A bulk action that first shows the exact number of `noun` it will act on.
+
+    The page pins the set: with "select all" it records the highest id shown, so
+    rows arriving meanwhile are not swept in, and the count is a real COUNT, not
+    the list's capped one.
+    """
+
+    def wrap(func):
+        @functools.wraps(func)
+        def action(self, request, queryset):
+            upto = parse_id(request.POST.get("upto"))
+            if request.POST.get("confirm") != "1" or not upto:
+                return confirm_page(self, request, queryset, action, noun)
+            return func(self, request, queryset.filter(pk__lte=upto))
+
+        return action
+
+    return wrap
+
+
+def confirm_page(model_admin, request, queryset, func, noun):
+    count = queryset.count()
+    if not count:
+        model_admin.message_user(request, f"No {noun} to act on.", messages.WARNING)
+        return None
+    upto = queryset.order_by("-pk").values_list("pk", flat=True)[0]
+    hidden = {
+        "action": request.POST.get("action", ""),
+        "select_across": request.POST.get("select_across", "0"),
+        "index": "0",
+        ACTION_CHECKBOX_NAME: request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "upto": str(upto),
+    }
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": func.short_description,
+        "count": count,
+        "noun": noun,
+        "sample": queryset.order_by("-pk")[:10],
+        "hidden": hidden,
+        "media": model_admin.media,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/deliveries/confirm_action.html", context)
+
+
+class OwnedAdmin(ModelAdmin):
     """Scopes every query to the requesting user's webhooks."""
 
     def get_queryset(self, request):
@@ -101,8 +163,10 @@ class ReadOnlyMixin:
 # --- webhooks ------------------------------------------------------------------
 
 
-class EntrypointInline(admin.TabularInline):
+class EntrypointInline(TabularInline):
     model = Entrypoint
+    # Its URL takes POSTs only: a "View on site" link to it would answer 405.
+    view_on_site = False
     extra = 0
     fields = ["inbound_url", "description", "active", "trust", "created_at"]
     readonly_fields = ["inbound_url", "trust", "created_at"]
@@ -189,7 +253,7 @@ TARGET_FIELDSETS = [
 ]
 
 
-class TargetInline(SigningSecretMixin, admin.StackedInline):
+class TargetInline(SigningSecretMixin, StackedInline):
     model = Target
     form = TargetForm
     extra = 0
@@ -249,8 +313,8 @@ class WebhookAdmin(OwnedAdmin):
     list_filter = [HealthFilter]
     search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
-    # The alert URL: https when the scheme is left out, as for target URLs.
-    formfield_overrides = {URLField: {"assume_scheme": "https"}}
+    # The alert URL is checked as target URLs are: its scheme typed out.
+    formfield_overrides = {URLField: {"form_class": TargetURLField}}
 
     class Media:
         js = ["deliveries/admin.js", "deliveries/trust.js"]
@@ -358,7 +422,7 @@ class WebhookAdmin(OwnedAdmin):
 # --- events --------------------------------------------------------------------
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(TabularInline):
     extra = 0
     can_delete = False
 
@@ -388,7 +452,9 @@ class DeliveryInline(ReadOnlyInline):
 
 
 def parse_id(value) -> int | None:
-    """A primary key from a query string, or None for anything else ('²', 10**20…)."""
+    """A primary key from a query string, or None for anything else ('²', 10**20…).
+    The filters' "show counts" passes their own choices, ints, through here too."""
+    value = str(value) if value is not None else ""
     if not value or not value.isascii() or not value.isdigit() or len(value) > 18:
         return None
     return int(value) or None
@@ -498,7 +564,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         rows = format_html_join(
             "",
             "<tr><th>{}</th><td><code>{}</code></td></tr>",
-            ((name, value) for name, value in obj.headers),
+            ((name, header_text(value)) for name, value in obj.headers),
         )
         return format_html('<table class="wh-headers">{}</table>', rows)
 
@@ -512,6 +578,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         return format_html("{}{}", download, render_body(body))
 
     @admin.action(description="Replay selected events to their targets")
+    @confirmed("events")
     def replay(self, request, queryset):
         reset, created = queryset.replay()
         self.message_user(
@@ -523,6 +590,19 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
 
 
 BODY_PREVIEW = 256 * 1024
+# Half of a UTF-16 pair alone: JSON may escape one ("\ud800"), but no UTF-8 page
+# can carry it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def header_text(value: str) -> str:
+    """A header value as its sender wrote it. The server hands values over as their
+    bytes read as Latin-1 (and they are stored, and forwarded, that way); most
+    senders mean UTF-8, so show that when the bytes are UTF-8."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 def render_body(body: bytes):
@@ -536,6 +616,7 @@ def render_body(body: bytes):
     if text is not None:
         try:
             pretty = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+            pretty = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", pretty)
             return format_html('<pre class="wh-body wh-json">{}</pre>', pretty[:BODY_PREVIEW])
         except (ValueError, RecursionError):  # not JSON, or nested too deep to show
             return format_html('<pre class="wh-body">{}{}</pre>', text, cut)
@@ -680,6 +761,7 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
         return obj.last_status_code if obj.last_status_code is not None else "–"
 
     @admin.action(description="Redeliver selected deliveries")
+    @confirmed("deliveries")
     def redeliver(self, request, queryset):
         total = queryset.count()
         queued = queryset.redeliver()
@@ -690,6 +772,7 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
         )
 
     @admin.action(description="Retry now (skip the rest of the backoff)")
+    @confirmed("deliveries")
     def retry_now(self, request, queryset):
         total = queryset.count()
         hurried = queryset.retry_now()

@@ -136,8 +136,15 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         if not type_:
             return cleaned
         config = {}
+        stored = self.instance.config or {}
         for name, field in CONFIG_FIELDS[type_].items():
             value = cleaned.get(name)
+            if hasattr(field, "keep_masked") and value and name not in self.errors:
+                try:
+                    value = field.keep_masked(value, stored.get(name))
+                except ValidationError as exc:
+                    self.add_error(name, exc)
+                    continue
             if value not in (None, "", {}):
                 config[name] = value
             elif field.required and name not in self.errors:

@@ -32,3 +32,12 @@ def world(owner, name):
         duration_ms=12,
     )
     return hook, target, event, Delivery.objects.get(pk=delivery.pk)
+
+
+def act(client, url, data, **kwargs):
+    """Run a bulk action as a user does: choose it, then confirm the number shown."""
+    response = client.post(url, data)
+    if response.status_code != 200:  # nothing to act on: back to the list
+        return response
+    hidden = response.context["hidden"]
+    return client.post(url, {**hidden, "confirm": "1"}, **kwargs)

@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Target, Webhook
+from tests.admin_helpers import act as act_confirmed
 from tests.admin_helpers import client_for, world
 from tests.test_admin import inline_data
 
@@ -143,7 +144,8 @@ def test_retry_now_hurries_only_retrying_deliveries(alice):
     _, _, _, retrying = world(alice, "h2")
     later = timezone.now() + datetime.timedelta(hours=1)
     Delivery.objects.filter(pk=retrying.pk).update(status="retrying", next_attempt_at=later)
-    response = client_for(alice).post(
+    response = act_confirmed(
+        client_for(alice),
         reverse("admin:deliveries_delivery_changelist"),
         {"action": "retry_now", "_selected_action": [failed.pk, retrying.pk]},
         follow=True,

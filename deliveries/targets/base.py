@@ -7,12 +7,14 @@ keeps the models free to import the registry (Target.Type, config validation).
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.core.validators import URLValidator
 
 from deliveries import ssrf
 
@@ -68,7 +70,35 @@ class TargetType:
         raise NotImplementedError
 
 
-_url = URLValidator(schemes=["http", "https"])
+# One DNS label; a host is one or more of them. Single labels ("receiver", a
+# Compose service) are hosts too: the SSRF check decides where they may lead.
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)\Z", re.IGNORECASE)
+
+
+def url_problem(value: str) -> str | None:
+    """What is wrong with `value` as a target URL, or None. Only http(s) with an
+    explicit scheme: a URL typed without one is asked for it, never guessed."""
+    if "://" not in value:
+        return "Start the URL with http:// or https://."
+    try:
+        parts = urllib.parse.urlsplit(value)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        return "Enter a valid URL."
+    if parts.scheme.lower() not in ("http", "https"):
+        return "Only http:// and https:// URLs can be targets."
+    host = parts.hostname or ""
+    if not host or any(c.isspace() for c in value):
+        return "Enter a valid URL."
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
+        return "Enter a valid URL."
+    return None
 
 
 def require_url(config: dict, key: str) -> str:
@@ -76,12 +106,10 @@ def require_url(config: dict, key: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(f"'{key}' is required: an absolute http(s) URL.")
     value = value.strip()
-    try:
-        _url(value)
-    except ValidationError:
+    if url_problem(value):
         raise ValidationError(
             f"'{key}' must be an absolute http:// or https:// URL, not {value[:200]!r}."
-        ) from None
+        )
     try:
         ssrf.check_url(value)
     except ValueError as exc:
@@ -89,20 +117,18 @@ def require_url(config: dict, key: str) -> str:
     return value
 
 
-class TargetURLField(forms.URLField):
-    """A target URL in the form: http(s) only, https assumed when left out."""
+class TargetURLField(forms.CharField):
+    """A target URL in the form: http(s), its scheme typed out, any host name the
+    SSRF rules allow (a CharField: URLField would add https:// by itself and refuse
+    single-label hosts)."""
 
     widget = forms.URLInput(attrs={"size": 60})
 
-    def __init__(self, **kwargs):
-        super().__init__(assume_scheme="https", **kwargs)
-
-    def run_validators(self, value):
-        super().run_validators(value)
-        # URLField also accepts ftp://; checked after, so a malformed URL gets one
-        # message, not two.
-        if value and not value.lower().startswith(("http://", "https://")):
-            raise ValidationError("Only http:// and https:// URLs can be targets.")
+    def validate(self, value):
+        super().validate(value)
+        problem = value and url_problem(value)
+        if problem:
+            raise ValidationError(problem, code="invalid")
 
 
 def require_mapping(value) -> dict:

@@ -56,14 +56,30 @@ def forwarded_headers(task, extra: dict) -> HTTPHeaderDict:
 
 
 class HeadersField(forms.CharField):
-    """Extra headers in the target form, one `Name: value` per line."""
+    """Extra headers in the target form, one `Name: value` per line.
 
+    Their values are often credentials: the form shows them masked, and a line
+    sent back with the mask keeps the value stored (keep_masked)."""
+
+    MASK = "••••••••"
     widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": "X-Token: secret"})
 
     def prepare_value(self, value):
         if isinstance(value, dict):
-            return "\n".join(f"{k}: {v}" for k, v in value.items())
+            return "\n".join(f"{k}: {self.MASK}" for k in value)
         return value
+
+    def keep_masked(self, headers: dict, stored: dict) -> dict:
+        """`headers` with each masked value replaced by the stored one."""
+        stored = stored if isinstance(stored, dict) else {}
+        kept = {}
+        for name, value in headers.items():
+            if value == self.MASK:
+                if name not in stored:
+                    raise ValidationError(f"Type the value of {name} (it was not set before).")
+                value = stored[name]
+            kept[name] = value
+        return kept
 
     def to_python(self, value):
         headers = {}

@@ -1,5 +1,7 @@
+import os
 import secrets
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
@@ -22,5 +24,19 @@ class Command(BaseCommand):
             "\n"
             "  Created the superuser 'admin'. Its password, shown this once:\n"
             f"\n      {password}\n\n"
-            "  Log in at http://localhost:8080/admin/ and change it there.\n"
+            f"  Log in at {admin_url()} and change it there.\n"
         )
+
+
+def admin_url() -> str:
+    """Where the admin answers: the public URL if set, else the address gunicorn
+    binds (WEBHOOKER_BIND, as webhooker/gunicorn.conf.py reads it)."""
+    if settings.WEBHOOKER_PUBLIC_URL:
+        return f"{settings.WEBHOOKER_PUBLIC_URL}/admin/"
+    bind = os.environ.get("WEBHOOKER_BIND", "127.0.0.1:8080").split(",")[0].strip()
+    if bind.startswith("unix:"):
+        return f"/admin/ behind the proxy in front of {bind}"
+    host, _, port = bind.rpartition(":")
+    if host in ("", "0.0.0.0", "127.0.0.1", "[::]", "[::1]"):  # noqa: S104 (a name to print)
+        host = "localhost"
+    return f"http://{host}:{port}/admin/"
