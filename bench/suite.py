@@ -5,7 +5,10 @@ lines. Everything runs on loopback: nginx as the sink, gunicorn as `make run`
 configures it, rundelivery, a Celery worker on the local Redis.
 """
 
+import hashlib
+import hmac
 import http.client
+import itertools
 import json
 import os
 import re
@@ -150,7 +153,18 @@ def _post(port, path, body):
     return response.status, data
 
 
-def wrk(url, seconds):
+# The GitHub secret of the verified ingest benchmark's entrypoint.
+GITHUB_SECRET = "bench-github-secret"
+_runs = itertools.count()
+
+
+def signed():
+    """wrk's environment for GitHub-signed posts, each with its own delivery id."""
+    signature = hmac.new(GITHUB_SECRET.encode(), BODY, hashlib.sha256).hexdigest()
+    return {"BENCH_SIGNATURE": f"sha256={signature}", "BENCH_RUN": str(next(_runs))}
+
+
+def wrk(url, seconds, env=None):
     body_file = Path(tempfile.mkstemp(suffix=".json")[1])
     body_file.write_bytes(BODY)
     out = subprocess.run(
@@ -165,7 +179,7 @@ def wrk(url, seconds):
         ],
         capture_output=True,
         text=True,
-        env={**os.environ, "BENCH_BODY_FILE": str(body_file)},
+        env={**os.environ, "BENCH_BODY_FILE": str(body_file), **(env or {})},
         check=True,
     ).stdout
     body_file.unlink()
@@ -364,17 +378,33 @@ def main():
                 webhook=ingest_hook, name=name, type="http", config={"url": sink.url("/ingest")}
             )
         code = ingest_hook.entrypoints.get().code
-        log("ingest: no-op baseline and /webhook/<code> by wrk, interleaved in 3 rounds")
+        verified = ingest_hook.entrypoints.create(
+            description="verified",
+            verification="github",
+            verification_config={"secret": GITHUB_SECRET},
+            dedup=True,
+        )
+        log(
+            "ingest: no-op baseline, /webhook/<code>, and signed posts to a plain and to a "
+            "GitHub-verified deduplicating entrypoint by wrk, interleaved in 3 rounds"
+        )
         # Interleaved rounds and medians: on a shared machine a burst of someone
         # else's load then hits both sides of the ratio, not one.
-        noop, ingest = [], []
+        noop, ingest, plain_signed, verified_signed = [], [], [], []
         for _ in range(3):
             noop.append(wrk(f"http://127.0.0.1:{port}/bench/noop", SECONDS / 3))
             ingest.append(wrk(f"http://127.0.0.1:{port}/webhook/{code}", SECONDS / 3))
+            # Both sides of the verified ratio send the same requests (headers and
+            # the client's per-request script): only the server's work differs.
+            for target, runs in ((code, plain_signed), (verified.code, verified_signed)):
+                runs.append(wrk(f"http://127.0.0.1:{port}/webhook/{target}", SECONDS / 3, signed()))
         figures["noop_rps"] = statistics.median(noop)
         figures["ingest_rps"] = statistics.median(ingest)
         ratios = [i / n for i, n in zip(ingest, noop, strict=True)]
         figures["ingest_ratio"] = statistics.median(ratios)
+        figures["ingest_verified_rps"] = statistics.median(verified_signed)
+        ratios = [v / p for v, p in zip(verified_signed, plain_signed, strict=True)]
+        figures["ingest_ratio_verified"] = statistics.median(ratios)
         log("ingest latency at half the measured rate")
         lat = [
             r[0] for r in fixed_rate(port, f"/webhook/{code}", figures["ingest_rps"] / 2, SECONDS)

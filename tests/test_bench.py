@@ -15,6 +15,8 @@ FIGURES = [
     "noop_rps",
     "ingest_rps",
     "ingest_ratio",
+    "ingest_verified_rps",
+    "ingest_ratio_verified",
     "ingest_p50_ms",
     "ingest_p99_ms",
     "delivery_rps",
