@@ -95,12 +95,16 @@ def failing_targets(deliveries, targets, since, breakers, limit=5):
 def context(user, now=None):
     now = now or timezone.now()
     since = now - datetime.timedelta(hours=HOURS)
-    engine = EngineStatus.objects.current()
+    coverage = EngineStatus.objects.coverage(now)
     deliveries = Delivery.objects.visible_to(user)
-    breakers = health.breakers(now, engine)
+    breakers = health.breakers(now, coverage.engines)
     return {
-        "engine": engine,
-        "engine_alive": engine.alive(now),
+        # The last engine heard from, shown while none is alive.
+        "engine": EngineStatus.objects.current(),
+        "engines": coverage.engines,
+        "coverage": coverage,
+        # Every partition held by a live engine: everything is being delivered.
+        "engine_alive": coverage.complete,
         "status_counts": status_counts(deliveries, since),
         "chart": hourly(deliveries, now),
         "failing_targets": failing_targets(

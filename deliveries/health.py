@@ -63,12 +63,20 @@ def _parse_time(value) -> datetime.datetime | None:
         return None
 
 
-def breakers(now=None, engine: EngineStatus | None = None) -> dict[int, Breaker]:
-    """Every breaker that is not closed, by target id (empty while the engine is down:
-    its breakers lived in its memory). `engine`: its status row, if already read."""
+def breakers(now=None, engines: list | None = None) -> dict[int, Breaker]:
+    """Every breaker that is not closed, by target id, from every live engine (a
+    target's breaker lives in the one engine holding its partition; a stopped
+    engine's breakers are gone with it). `engines`: the live rows, if already read."""
     now = now or timezone.now()
-    engine = engine or EngineStatus.objects.current()
-    if not engine.alive(now) or not isinstance(engine.breakers, dict):
+    engines = EngineStatus.objects.live(now) if engines is None else engines
+    found = {}
+    for engine in engines:
+        found.update(_engine_breakers(engine))
+    return found
+
+
+def _engine_breakers(engine: EngineStatus) -> dict[int, Breaker]:
+    if not isinstance(engine.breakers, dict):
         return {}
     found = {}
     for key, value in engine.breakers.items():

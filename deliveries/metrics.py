@@ -63,17 +63,34 @@ def attempt_made(target_type: str, outcome: str, duration_ms: int) -> None:
 
 
 class EngineCollector:
-    """The engine's gauges, read from its heartbeat at scrape time."""
+    """The engines' gauges, read from their heartbeat rows at scrape time: totals
+    over the live engines, and each engine's with an `engine` label (its row name)."""
+
+    GAUGES = (
+        ("channel_depth", "Tasks waiting in the channel."),
+        ("inflight", "Deliveries the engine owns."),
+        ("busy_workers", "Workers attempting a delivery."),
+        ("open_breakers", "Targets whose circuit breaker is open."),
+    )
 
     def collect(self):
-        status = EngineStatus.objects.current()  # one read of the heartbeat row
         now = timezone.now()
-        alive = status.alive(now)
+        coverage = EngineStatus.objects.coverage(now)  # one read of the heartbeat rows
         running = GaugeMetricFamily(
-            "webhooker_engine_up", "1 while the engine's heartbeat is fresh."
+            "webhooker_engine_up",
+            "1 while every partition is held by an engine whose heartbeat is fresh.",
         )
-        running.add_metric([], 1 if alive else 0)
+        running.add_metric([], 1 if coverage.complete else 0)
         yield running
+        for name, value, doc in (
+            ("engines", len(coverage.engines), "Engines whose heartbeat is fresh."),
+            ("partitions", coverage.partitions, "Partitions the deliveries are spread over."),
+            ("partitions_unheld", len(coverage.unheld), "Partitions no live engine holds."),
+        ):
+            gauge = GaugeMetricFamily(f"webhooker_{name}", doc)
+            gauge.add_metric([], value)
+            yield gauge
+        status = EngineStatus.objects.current()
         age = status.heartbeat_age(now)
         if age is None:
             return
@@ -82,15 +99,14 @@ class EngineCollector:
         )
         age_gauge.add_metric([], age)
         yield age_gauge
-        for name, value, doc in (
-            ("channel_depth", status.channel_depth, "Tasks waiting in the channel."),
-            ("inflight", status.inflight, "Deliveries the engine owns."),
-            ("busy_workers", status.busy_workers, "Workers attempting a delivery."),
-            ("open_breakers", status.open_breakers, "Targets whose circuit breaker is open."),
-        ):
-            gauge = GaugeMetricFamily(f"webhooker_engine_{name}", doc)
-            gauge.add_metric([], value if alive else 0)
+        for name, doc in self.GAUGES:
+            gauge = GaugeMetricFamily(f"webhooker_engine_{name}", doc + " All engines.")
+            gauge.add_metric([], sum(getattr(e, name) for e in coverage.engines))
             yield gauge
+            each = GaugeMetricFamily(f"webhooker_engine_{name}_by_engine", doc, labels=["engine"])
+            for engine in coverage.engines:
+                each.add_metric([engine.name], getattr(engine, name))
+            yield each
 
 
 def render() -> bytes:

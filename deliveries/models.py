@@ -1,3 +1,4 @@
+import dataclasses
 import datetime
 import hashlib
 import secrets
@@ -419,6 +420,9 @@ class Event(models.Model):
     # The sender's own id of the event (X-GitHub-Delivery, Stripe's "id"...), when
     # the entrypoint knows where it is; "" otherwise.
     provider_id = models.CharField(max_length=255, blank=True, default="")
+    # The sender's name for what happened (X-GitHub-Event, Stripe's "type"...), read
+    # at ingest (ingest.event_type); "" when the request does not say.
+    event_type = models.CharField(max_length=200, blank=True, default="")
     # Stored by a deduplicating entrypoint: no other such event of the webhook may
     # have the same provider_id while this one is kept (event_provider_id_uniq).
     deduplicated = models.BooleanField(default=False)
@@ -593,7 +597,13 @@ class DeliveryResult(models.Model):
     )
     attempt = models.PositiveIntegerField()
     success = models.BooleanField()
+    # The request as sent: its URL and header lines ([[name, value], ...]) with
+    # credentials masked (targets.masked_headers), for the delivery page.
+    request_url = models.TextField(blank=True, default="")
+    request_headers = models.JSONField(default=list, blank=True)
     status_code = models.PositiveIntegerField(null=True, blank=True)
+    # The first RESPONSE_HEADERS_LIMIT bytes of the answer's header lines, as text.
+    response_headers = models.TextField(blank=True, default="")
     response_body = models.TextField(blank=True)
     error = models.TextField(blank=True)
     duration_ms = models.PositiveIntegerField(default=0)
@@ -611,15 +621,68 @@ class DeliveryResult(models.Model):
 
 
 class EngineStatusQuerySet(models.QuerySet):
-    def current(self, name="default") -> "EngineStatus":
-        """The engine's row; a blank unsaved one (never beaten, so not alive) before
-        the engine first starts, so readers need no case of their own for it."""
-        return self.filter(name=name).first() or self.model(name=name)
+    def current(self, name=None) -> "EngineStatus":
+        """The engine's row (`name`; else the one heard from last); a blank unsaved
+        one (never beaten, so not alive) before an engine first starts, so readers
+        need no case of their own for it."""
+        rows = self.filter(name=name) if name else self.order_by("-heartbeat_at", "-id")
+        return rows.first() or self.model(name=name or "default")
+
+    def live(self, now) -> list["EngineStatus"]:
+        """Every engine alive at `now`, by host and pid."""
+        cutoff = now - datetime.timedelta(seconds=self.model.STALE_AFTER)
+        rows = self.filter(stopped_at=None, heartbeat_at__gte=cutoff)
+        return [row for row in rows.order_by("hostname", "pid", "id") if row.alive(now)]
+
+    def coverage(self, now) -> "Coverage":
+        """The live engines, and the partitions none of them holds."""
+        engines = self.live(now)
+        if any(engine.partitions is None for engine in engines):
+            return Coverage(engines, 1, [])
+        cluster = EngineCluster.objects.first()
+        count = cluster.partitions if cluster else 1
+        held = {p for engine in engines for p in engine.partitions or ()}
+        return Coverage(engines, count, [p for p in range(count) if p not in held])
+
+    def forgotten(self, now):
+        """Rows of engines gone for a day: each start writes a row of its own."""
+        return self.filter(heartbeat_at__lt=now - datetime.timedelta(days=1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Coverage:
+    """Who delivers: the live engines, the partition count, the partitions nobody
+    holds (nothing of theirs is delivered until an engine takes them)."""
+
+    engines: list
+    partitions: int
+    unheld: list
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.engines) and not self.unheld
+
+
+class EngineCluster(models.Model):
+    """What every engine sharing this database must agree on: one row, written by
+    the first engine that starts (on PostgreSQL; SQLite has one engine and one
+    partition). Changing the partition count would move targets between partitions
+    under running engines, so a mismatch refuses to start instead."""
+
+    partitions = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        verbose_name = "engine cluster"
+
+    def __str__(self):
+        return f"{self.partitions} partitions"
 
 
 class EngineStatus(models.Model):
-    """The engine's heartbeat: one row per engine (one per database, per shard later).
-    The one place that says whether the engine is alive (dashboard, /metrics, health)."""
+    """An engine's heartbeat: one row per running engine (`name` is unique per
+    process). The one place that says which engines are alive and which partitions
+    they hold (dashboard, /metrics, health)."""
 
     # Seconds between two writes of the row by the running engine.
     HEARTBEAT_INTERVAL = 5.0
@@ -642,6 +705,9 @@ class EngineStatus(models.Model):
     # Every breaker that is not closed: {target id: {"state", "since", "until"}},
     # times in ISO 8601; "until" is when the next probe may go.
     breakers = models.JSONField(default=dict, blank=True)
+    # The partitions this engine holds (PostgreSQL: the locks it has); None: the whole
+    # database, as SQLite's one engine has it.
+    partitions = models.JSONField(null=True, blank=True, default=None)
 
     objects = EngineStatusQuerySet.as_manager()
 

@@ -44,7 +44,8 @@ def metrics(request):
 
 @require_GET
 def healthcheck(request):
-    """200 when the database answers and the engine's heartbeat is fresh, else 503."""
+    """200 when the database answers and every partition is held by an engine whose
+    heartbeat is fresh, else 503 (saying which partitions are not)."""
     body = {"database": "ok"}
     healthy = True
     try:
@@ -57,14 +58,29 @@ def healthcheck(request):
         body["engine"] = {"running": None, "heartbeat_age_seconds": None}
         healthy = False
     else:
-        engine = EngineStatus.objects.current()
         now = timezone.now()
+        coverage = EngineStatus.objects.coverage(now)
+        engine = EngineStatus.objects.current()
         age = engine.heartbeat_age(now)
-        healthy = engine.alive(now)
+        healthy = coverage.complete
         body["engine"] = {
             "running": healthy,
             "heartbeat_age_seconds": round(age, 1) if age is not None else None,
             "pid": engine.pid,
+            "partitions": coverage.partitions,
+            "unheld_partitions": coverage.unheld,
+            "engines": [
+                {
+                    "host": e.hostname,
+                    "pid": e.pid,
+                    "partitions": e.partitions,
+                    "heartbeat_age_seconds": round(e.heartbeat_age(now), 1),
+                    "channel_depth": e.channel_depth,
+                    "inflight": e.inflight,
+                    "busy_workers": e.busy_workers,
+                }
+                for e in coverage.engines
+            ],
         }
     body["status"] = "ok" if healthy else "unhealthy"
     return JsonResponse(body, status=200 if healthy else 503)

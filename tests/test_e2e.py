@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+from django.db import connection
 
 from deliveries.models import Delivery, EngineStatus
 from tests.processes import (
@@ -78,9 +79,10 @@ def test_kill_9_loses_nothing_and_duplicates_only_what_was_in_flight(
         engine = start_engine(data_dir, **FAST)
         wait_until(lambda: unfinished() == 0, timeout=120, message="every delivery finished")
 
-        second = start_engine(data_dir)
-        assert second.wait(30) != 0
-        assert f"pid {engine.pid}" in second.log()
+        if connection.vendor == "sqlite":  # on PostgreSQL engines share partitions
+            second = start_engine(data_dir)
+            assert second.wait(30) != 0
+            assert f"pid {engine.pid}" in second.log()
 
         assert engine.stop(signal.SIGTERM) == 0
     finally:

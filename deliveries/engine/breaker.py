@@ -96,6 +96,10 @@ class Breakers:
         with self._lock:
             return {t: b for t, b in self._by_target.items() if b.is_open}
 
+    def forget_where(self, predicate) -> None:
+        with self._lock:
+            self._by_target = {t: b for t, b in self._by_target.items() if not predicate(t)}
+
     def forget(self, target_id: int) -> None:
         """The target changed (re-pointed, paused, deleted): a fresh breaker next time."""
         with self._lock:

@@ -38,3 +38,13 @@ class Channel:
                 tasks.append(self._queue.get_nowait())
             except queue.Empty:
                 return tasks
+
+    def take(self, predicate) -> list:
+        """Lift out the waiting tasks `predicate(task)` accepts; the rest stay, in
+        their order (tasks put meanwhile may come before them)."""
+        taken, kept = [], []
+        for task in self.drain():
+            (taken if predicate(task) else kept).append(task)
+        for task in kept:
+            self._queue.put(task)
+        return taken

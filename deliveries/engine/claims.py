@@ -22,13 +22,14 @@ LOAD_CHUNK = 500
 
 
 class Claimer:
-    def __init__(self, *, inflight, gate, overflow, targets, lanes):
+    def __init__(self, *, inflight, gate, overflow, targets, lanes, partitions):
         self.inflight = inflight
         self.gate = gate
         # target id -> lowest delivery id skipped because the target was full
         self.overflow = overflow
         self.targets = targets  # targetcache.TargetCache
         self.lanes = lanes  # ordered.OrderedLanes
+        self.partitions = partitions  # partitions.Partitions
 
     def claim(self, rows, limit: int | None = None, *, head: bool = False) -> list[Task]:
         """Claim what nobody owns and fits its target's cap (at most `limit` rows);
@@ -36,8 +37,11 @@ class Claimer:
 
         Rows of a held target (paused, inactive) are left in the database: they are
         read again when it is resumed. Rows of an ordered target are left for its
-        lane (ordered.py), unless `head` says they are its head.
+        lane (ordered.py), unless `head` says they are its head. Rows of
+        partitions this engine may not claim in are another engine's (or nobody's
+        until one takes them).
         """
+        rows = [row for row in rows if self.partitions.may_claim(row[2])]
         self.targets.load({row[2] for row in rows})
         claimed = {}
         for delivery_id, status, target_id, cap in rows:
@@ -192,6 +196,12 @@ class Overflow:
                 self._from.pop(target_id, None)
             else:
                 self._from[target_id] = last_id + 1
+
+    def forget(self, predicate) -> None:
+        """Drop the targets `predicate(target_id)` accepts (another engine's now)."""
+        with self._lock:
+            for target_id in [t for t in self._from if predicate(t)]:
+                del self._from[target_id]
 
     def __contains__(self, target_id) -> bool:
         with self._lock:

@@ -36,6 +36,7 @@ from deliveries.engine.gate import TargetGate
 from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
 from deliveries.engine.ordered import OrderedLanes
+from deliveries.engine.partitions import Partitions, in_partitions
 from deliveries.engine.ratelimit import RateLimits
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
@@ -54,9 +55,18 @@ class Engine:
     # attempt is not sent again meanwhile.
     WRITE_RETRY = 5.0
 
-    def __init__(self, config: EngineConfig | None = None, *, clock=time.monotonic):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        clock=time.monotonic,
+        partitions: Partitions | None = None,
+    ):
         self.config = config = config or EngineConfig()
         self.clock = clock
+        # Where this engine may claim and attempt: every target, unless it shares a
+        # PostgreSQL database with other engines (partitions.py).
+        self.partitions = partitions or Partitions()
         # Set once: every loop and every step checks it.
         self.stop_event = threading.Event()
         # Set by the wake hint, and when a full target gets room: intake runs now.
@@ -74,6 +84,7 @@ class Engine:
             overflow=self.overflow,
             targets=self.targets,
             lanes=self.lanes,
+            partitions=self.partitions,
         )
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
         self.breakers = Breakers(clock=clock, cooldown=config.breaker_cooldown)
@@ -106,6 +117,9 @@ class Engine:
                 oldest=Min("id")
             )["oldest"]
             self.intake.start_at(newest or 0, oldest)
+        return self._recover(at_start, self.partitions.filter, now)
+
+    def _recover(self, at_start: bool, narrow, now=None) -> int:
         return recover(
             claimer=self.claimer,
             dispatch=self.dispatch,
@@ -115,6 +129,7 @@ class Engine:
             batch=self.config.recovery_batch,
             now=now,
             stopping=self.stop_event.is_set,
+            narrow=narrow,
         )
 
     def intake_once(self) -> int:
@@ -155,6 +170,8 @@ class Engine:
 
     def _take_up(self, state: TargetState) -> None:
         """Read the target's unfinished deliveries again, from the oldest."""
+        if not self.partitions.may_claim(state.id):
+            return  # another engine's
         if state.ordered:
             self.lanes.note(state.id)
         else:
@@ -182,6 +199,73 @@ class Engine:
         for task in self.scheduler.take(lambda t: t.target_id == target_id and t.deferred):
             task.deferred = False
             self.channel.put(task)
+
+    # --- partitions (partitions.PartitionManager calls these) ------------------------
+
+    def take_partitions(self, taken) -> int:
+        """Partitions just locked: claim in them, starting with the at-start recovery
+        pass over them (every pending and retrying delivery there). Return tasks
+        dispatched."""
+        taken = frozenset(taken)
+        # Claimable before the recovery reads: a row the cursor skipped while the
+        # partition was another's is committed before this read, so it is found.
+        self.partitions.take(taken)
+        count = self.partitions.count
+        dispatched = self._recover(True, lambda rows: in_partitions(rows, taken, count))
+        if self.channel.room() <= 0:
+            # Pending rows past the channel's room: the cursor went by them long ago,
+            # so their targets are drained from their oldest row, as overflow is.
+            backlog = in_partitions(
+                Delivery.objects.filter(status=Delivery.Status.PENDING), taken, count
+            )
+            for target_id in backlog.values_list("target_id", flat=True).distinct():
+                self.overflow.note(target_id, 0)
+            self.wake_event.set()
+        return dispatched
+
+    def start_drain(self, partitions) -> None:
+        """Hand these partitions over: claim nothing more in them, and let go of their
+        waiting tasks (drain_partition); running attempts finish."""
+        self.partitions.start_drain(partitions)
+        for p in partitions:
+            self.drain_partition(p)
+
+    def drain_partition(self, p: int) -> bool:
+        """Let go of what the engine holds of partition `p` and is not running; True
+        once nothing of it is held (every result committed): it may be unlocked."""
+        count = self.partitions.count
+
+        def ours(target_id):
+            return target_id % count == p
+
+        # A task whose result is not written yet stays: its attempt was sent, and
+        # only its result, written here, keeps the next owner from sending it again.
+        waiting = self.scheduler.take(lambda t: ours(t.target_id) and t.unwritten is None)
+        waiting += self.channel.take(lambda t: ours(t.target_id) and t.unwritten is None)
+        waiting += self.gate.drain_parked(where=ours)
+        for task in waiting:
+            self.release(task)  # rows keep their status; retrying ones their time
+        self._forget_targets(ours)
+        return self.gate.held_where(ours) == 0
+
+    def drop_partitions(self) -> frozenset:
+        """The lock connection is gone, and every partition with it: stop attempting
+        in all of them at once, and drop their work from memory without writing
+        anything (another engine may own their rows now). Attempts already running
+        finish; their results are written, being true. Return what was held."""
+        was = self.partitions.drop_all()  # first: no claim, no attempt from here on
+        waiting = self.scheduler.take(lambda t: True) + self.channel.drain()
+        for task in waiting + self.gate.drain_parked():
+            self.release(task)
+        self._forget_targets(lambda target_id: True)
+        return was
+
+    def _forget_targets(self, which) -> None:
+        """Per-target state of targets another engine may own now."""
+        self.overflow.forget(which)
+        self.breakers.forget_where(which)
+        self.lanes.forget_where(which)
+        self.limits.forget_where(which)
 
     def dispatch(self, task: Task) -> None:
         """Send a freshly claimed task on its way: now, or at its retry time."""
@@ -223,8 +307,13 @@ class Engine:
     def attempt(self, task: Task) -> None:
         """Attempt the task once, with its target as it is now, or write the result
         an earlier turn could not."""
-        if task.unwritten is not None:
+        if task.unwritten is not None and self.partitions.may_attempt(task.target_id):
             self.finish(task.unwritten)
+            return
+        if not self.partitions.may_claim(task.target_id):
+            # Its partition is being handed over (or is gone with the lock
+            # connection): the row keeps its status for whoever holds it next.
+            self.release(task)
             return
         state = self.targets.get(task.target_id)
         if state is None or state.held:
@@ -359,7 +448,12 @@ class Engine:
 
     def schedule(self, task: Task, due: float) -> None:
         """Hand the task to the retry scheduler, which takes its own reference."""
-        if self.scheduler.schedule(task, due):
+        if not self.partitions.may_attempt(task.target_id):
+            # The lock connection went: another engine may own the row now. Its
+            # committed status (retrying, next_attempt_at) is what the next owner
+            # reads; an unwritten result is dropped rather than written over it.
+            self.release(task)
+        elif self.scheduler.schedule(task, due):
             self.inflight.release(task.delivery_id)
         else:  # stopping: the row keeps its status for the next start
             self.release(task)

@@ -42,6 +42,11 @@ class TargetGate:
         with self._lock:
             return self._held.get(target_id, 0)
 
+    def held_where(self, predicate) -> int:
+        """How many tasks are held for the targets `predicate(target_id)` accepts."""
+        with self._lock:
+            return sum(n for target_id, n in self._held.items() if predicate(target_id))
+
     def enter(self, task) -> bool:
         """Take a worker slot for the task's target, or park the task and say False."""
         with self._lock:
@@ -65,11 +70,11 @@ class TargetGate:
                 del self._running[target_id]
             return None
 
-    def drain_parked(self, target_id: int | None = None) -> list:
-        """Take the parked tasks out, of one target or of all."""
+    def drain_parked(self, target_id: int | None = None, *, where=None) -> list:
+        """Take the parked tasks out: of one target, of the targets `where(target_id)`
+        accepts, or of all."""
         with self._lock:
             if target_id is not None:
                 return list(self._parked.pop(target_id, ()))
-            tasks = [task for parked in self._parked.values() for task in parked]
-            self._parked.clear()
-            return tasks
+            keys = [t for t in self._parked if where is None or where(t)]
+            return [task for t in keys for task in self._parked.pop(t)]

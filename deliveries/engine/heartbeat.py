@@ -11,7 +11,9 @@ from deliveries.models import EngineStatus
 
 def beat(name: str, gauges: dict, *, starting=False, stopped=False) -> None:
     """Record that the engine `name` is alive now, with its `gauges`
-    (runner.Runner.gauges: channel depth, inflight, busy workers, ...)."""
+    (runner.Runner.gauges: channel depth, inflight, busy workers, partitions, ...).
+    Each engine process has a row of its own (rundelivery names it); a start also
+    deletes the rows of engines gone for a day."""
     now = timezone.now()
     values = {
         "pid": os.getpid(),
@@ -22,4 +24,5 @@ def beat(name: str, gauges: dict, *, starting=False, stopped=False) -> None:
     }
     if starting:
         values["started_at"] = now
+        EngineStatus.objects.forgotten(now).delete()
     EngineStatus.objects.update_or_create(name=name, defaults=values)

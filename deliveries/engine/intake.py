@@ -96,7 +96,12 @@ class Intake:
                 self.more = True
                 break
             state = targets.get(target_id)
-            if state is None or state.held or not state.ordered:
+            if (
+                state is None
+                or state.held
+                or not state.ordered
+                or not self.claimer.partitions.may_claim(target_id)
+            ):
                 lanes.forget(target_id)  # taken up again when resumed or made ordered
                 continue
             head = list(
@@ -132,8 +137,11 @@ class Intake:
         return rows, commit
 
     def _from_cursor(self, room):
-        # Every status, not just pending: seeing each id is what makes a missing
-        # one a gap rather than a finished row.
+        # Every status, not just pending, and every partition: seeing each id is
+        # what makes a missing one a gap rather than a finished row or another
+        # engine's. The claim drops rows of partitions this engine does not hold;
+        # a partition filter here would read the same heap pages anyway (the pk
+        # index holds no target).
         rows = list(
             Delivery.objects.filter(id__gt=self.cursor)
             .order_by("id")
@@ -162,7 +170,7 @@ class Intake:
 
     def _requeued(self, room):
         rows = list(
-            Delivery.objects.requeued()
+            self.claimer.partitions.filter(Delivery.objects.requeued())
             .filter(id__gt=self.requeue_pos)
             .order_by("id")
             .values_list(*CANDIDATE_FIELDS)[:room]

@@ -40,6 +40,12 @@ class OrderedLanes:
             self._waiting.add(target_id)
             return True
 
+    def forget_where(self, predicate) -> None:
+        """Drop the lanes of the targets `predicate(target_id)` accepts."""
+        with self._lock:
+            self._waiting = {t for t in self._waiting if not predicate(t)}
+            self._heads = {t: d for t, d in self._heads.items() if not predicate(t)}
+
     def forget(self, target_id: int) -> None:
         """Nothing to read now: no unfinished delivery, or the target is held."""
         with self._lock:

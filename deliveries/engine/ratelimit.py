@@ -22,6 +22,10 @@ class RateLimits:
             self._next[target_id] = slot + 1.0 / rate
             return slot
 
+    def forget_where(self, predicate) -> None:
+        with self._lock:
+            self._next = {t: slot for t, slot in self._next.items() if not predicate(t)}
+
     def forget(self, target_id: int) -> None:
         """The target's limit changed or it stopped: start afresh."""
         with self._lock:

@@ -38,12 +38,14 @@ def recover(
     batch: int,
     now=None,
     stopping=lambda: False,
+    narrow=lambda queryset: queryset,
 ) -> int:
     """Claim and dispatch what nobody owns; return how many tasks were dispatched.
 
     `room()` says how many more tasks the channel takes: pending deliveries beyond
     it are left for intake and later ticks. Retrying ones go to the scheduler and
-    do not count against it.
+    do not count against it. `narrow(queryset)` limits the rows read to the
+    partitions wanted (partitions.Partitions.filter).
     """
     now = now or timezone.now()
     if at_start:
@@ -54,7 +56,7 @@ def recover(
     # A held (paused, inactive) target's rows are the oldest untouched ones there
     # are: read, they would fill every page of a tick and hide the rows it exists
     # to find. They are read again when the target is resumed.
-    queryset = queryset.filter(target__paused=False, target__active=True)
+    queryset = narrow(queryset.filter(target__paused=False, target__active=True))
     dispatched = pages = 0
     last = None
     while (max_pages is None or pages < max_pages) and not stopping():

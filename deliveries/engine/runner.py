@@ -5,7 +5,8 @@
 | worker-n     | Workers.run: channel → process | the engine stops                   |
 | intake       | IntakeLoop: woken or polling  | the engine stops                    |
 | recovery     | Every(recovery_interval)      | the engine stops                    |
-| heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops (or the lock goes) |
+| heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops                    |
+| partitions   | Every(PartitionManager.TICK)  | the engine stops (PostgreSQL only)  |
 | alerts       | Every(ALERTS)                 | the engine stops                    |
 | housekeeping | Every(daily, first after 60 s)| the engine stops                    |
 | scheduler    | RetryScheduler.run            | scheduler.stop() in shutdown        |
@@ -123,14 +124,13 @@ class Runner:
     PRUNE_FIRST = 60.0
     PRUNE_INTERVAL = 24 * 3600.0
 
-    def __init__(self, engine: Engine, *, lock=None, listener=None):
+    def __init__(self, engine: Engine, *, listener=None, manager=None):
         self.engine = engine
-        # The engine lock (lock.EngineLock): checked on every heartbeat.
-        self.lock = lock
         # The wake hint's listener (wakeup.py), started and stopped with the engine.
         self.listener = listener
-        # 0, or 1 once the engine lock was lost while running.
-        self.exit_code = 0
+        # partitions.PartitionManager on PostgreSQL; its lock connection is closed
+        # (its locks released) last, once every result is written.
+        self.manager = manager
         self.workers = Workers(engine)
         self.writer_stop = threading.Event()
         stop = engine.stop_event
@@ -152,16 +152,21 @@ class Runner:
             interval=self.PRUNE_INTERVAL,
             first=self.PRUNE_FIRST,
         )
+        self.partitions = None
+        if manager is not None:
+            self.partitions = Every(
+                "partitions", manager.step, stop_event=stop, interval=manager.TICK, first=0
+            )
         self._threads: dict[str, list[threading.Thread]] = {}
 
     def run(self, *, once: bool = False) -> int:
         """Recover, then run every part until stop() (or, with once, until idle).
-
-        Returns the exit code: 0, or 1 if the engine lock was lost while running.
-        """
+        Returns the exit code, 0."""
         engine = self.engine
         heartbeat.beat(engine.config.name, self.gauges(), starting=True)
         engine.recover_once(at_start=True)
+        if self.manager is not None:
+            self.manager.step()  # the first partitions, and their recovery, now
         self._spawn("scheduler", engine.scheduler.run)
         engine.writer.running = True  # before any worker can finish an attempt
         self._spawn("writer", lambda: engine.writer.run(self.writer_stop))
@@ -171,6 +176,8 @@ class Runner:
             loops = [self.heartbeat]
         else:
             loops = [self.intake, self.recovery, self.heartbeat, self.alerts, self.housekeeping]
+        if self.partitions is not None:
+            loops.append(self.partitions)
         for loop in loops:
             self._spawn(loop.name, loop.run)
         if self.listener is not None:
@@ -186,7 +193,7 @@ class Runner:
             finally:
                 if self.listener is not None:
                     self.listener.stop()
-        return self.exit_code
+        return 0
 
     def stop(self) -> None:
         self.engine.stop()
@@ -196,7 +203,7 @@ class Runner:
         engine = self.engine
         engine.stop()
         timeout = self.DRAIN_TIMEOUT if timeout is None else timeout
-        for name in ("intake", "recovery"):
+        for name in ("intake", "recovery", "partitions"):
             self._join(name, timeout)
         for task in engine.scheduler.stop():
             engine.release(task)  # stays `retrying` with its next_attempt_at
@@ -216,6 +223,8 @@ class Runner:
         except Exception:
             logger.warning("could not record the engine's stop", exc_info=True)
         connection.close()
+        if self.manager is not None:
+            self.manager.close()
 
     def idle(self) -> bool:
         """Nothing queued, running or being written; only scheduled retries held."""
@@ -237,18 +246,12 @@ class Runner:
             "workers": engine.config.workers,
             "open_breakers": engine.breakers.open_count(),
             "breakers": engine.breaker_states(),
+            "partitions": engine.partitions.listing(),
         }
 
     # --- the loops' steps ----------------------------------------------------------
 
     def beat(self) -> None:
-        if self.lock is not None and not self.lock.alive():
-            # Another engine may start now: two inflight sets would send
-            # duplicates, so this one stops.
-            logger.error("the engine lock was lost; stopping")
-            self.exit_code = 1
-            self.engine.stop()
-            return
         heartbeat.beat(self.engine.config.name, self.gauges())
 
     def prune(self) -> None:

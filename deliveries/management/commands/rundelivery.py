@@ -1,7 +1,9 @@
 import logging
 import os
 import signal
+import socket
 import sys
+import uuid
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -9,7 +11,14 @@ from django.db import connection
 
 from deliveries.engine.config import EngineConfig
 from deliveries.engine.core import Engine
-from deliveries.engine.lock import EngineLock, EngineLocked
+from deliveries.engine.lock import EngineLock, EngineLocked, open_raw_connection
+from deliveries.engine.partitions import (
+    PartitionManager,
+    PartitionMismatch,
+    Partitions,
+    SessionUnsupported,
+    record_partition_count,
+)
 from deliveries.engine.runner import Runner
 from deliveries.engine.wakeup import PostgresListener, SocketListener
 from deliveries.wake import socket_path
@@ -26,8 +35,9 @@ def positive_int(value):
 
 class Command(BaseCommand):
     help = (
-        "Run the delivery engine: take every stored delivery to its target. One per "
-        "database; a second one refuses to start."
+        "Run the delivery engine: take every stored delivery to its target. SQLite: "
+        "one per data directory, a second one refuses to start. PostgreSQL: any "
+        "number, sharing the partitions (DELIVERY_PARTITIONS)."
     )
 
     def add_arguments(self, parser):
@@ -52,26 +62,53 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.getLogger("deliveries").setLevel(LOG_LEVELS[options["verbosity"]])
+        config = EngineConfig.from_settings(
+            workers=options["workers"],
+            channel_size=options["channel_size"],
+            name=f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
+        )
+        if connection.vendor == "postgresql":
+            self._run_partitioned(config, options)
+        else:
+            self._run_alone(config, options)
+
+    def _run_alone(self, config, options):
+        """SQLite: one engine per data directory, holding the one partition."""
         lock = EngineLock(settings.DATA_DIR)
         try:
             lock.acquire()
         except EngineLocked as exc:
             raise CommandError(str(exc)) from None
         try:
-            config = EngineConfig.from_settings(
-                workers=options["workers"], channel_size=options["channel_size"]
-            )
             engine = Engine(config)
             self._install_signals(engine)
-            if connection.vendor == "postgresql":
-                listener = PostgresListener("default", engine.wake_event, engine.stop_event)
-            else:
-                listener = SocketListener(socket_path(), engine.wake_event)
-            code = Runner(engine, lock=lock, listener=listener).run(once=options["once"])
+            listener = SocketListener(socket_path(), engine.wake_event)
+            Runner(engine, listener=listener).run(once=options["once"])
         finally:
             lock.release()
-        if code:
-            raise CommandError("stopped: the engine lock was lost", returncode=code)
+
+    def _run_partitioned(self, config, options):
+        """PostgreSQL: one of any number of engines, each holding some partitions."""
+        try:
+            count = record_partition_count(settings.DELIVERY_PARTITIONS)
+        except PartitionMismatch as exc:
+            raise CommandError(str(exc)) from None
+        engine = Engine(config, partitions=Partitions(count, held=()))
+        manager = PartitionManager(
+            engine,
+            interval=settings.DELIVERY_REBALANCE_INTERVAL,
+            connect=lambda: open_raw_connection("default"),
+        )
+        try:
+            manager.connect()
+        except SessionUnsupported as exc:
+            raise CommandError(str(exc)) from None
+        self._install_signals(engine)
+        listener = PostgresListener("default", engine.wake_event, engine.stop_event)
+        try:
+            Runner(engine, listener=listener, manager=manager).run(once=options["once"])
+        finally:
+            manager.close()
 
     def _install_signals(self, engine):
         def on_signal(signum, frame):
