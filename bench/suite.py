@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The processes start as the end-to-end tests start them (tests/processes.py).
+from bench import edge  # noqa: E402
 from tests.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
@@ -411,6 +412,32 @@ def main():
         ]
         figures["ingest_p50_ms"] = percentile(lat, 50)
         figures["ingest_p99_ms"] = percentile(lat, 99)
+
+        # --- the edge under hostile load (bench/edge.py) ------------------------
+        from deliveries.models import Event
+
+        path = f"/webhook/{code}"
+        log("500 slow senders: normal senders' p99 with them connected, against without")
+        figures.update(edge.slow_senders(port, path, BODY, max(2.0, SECONDS / 2)))
+        log("a flood past capacity (256 connections, 2 s client timeout), then recovery")
+        figures.update(edge.flood(port, path, BODY, max(2.0, SECONDS / 2), Event.objects.count))
+        prune_hook = webhook("prune")
+        prune_hook.retention_days = 1
+        prune_hook.save()
+        old = int(min(160_000, 4000 * SECONDS))
+        log(f"retention: pruning {old} events (2 deliveries, 4 results each) while senders post")
+        edge.old_events(
+            prune_hook,
+            [
+                Target.objects.create(
+                    webhook=prune_hook, name=n, type="http", config={"url": sink.url("/p")}
+                )
+                for n in "ab"
+            ],
+            old,
+            BODY,
+        )
+        figures.update(edge.prune_during_ingest(port, path, BODY, max(2.0, SECONDS / 2)))
         Target.objects.filter(webhook=ingest_hook).update(active=False)
         from deliveries.models import Delivery
 
@@ -432,12 +459,21 @@ def main():
 
         # --- end to end ---------------------------------------------------------
         e2e_code = out_hook.entrypoints.get().code
-        log("end to end at idle (one event every 50 ms), then at half delivery_rps")
+        log("end to end at idle (one event every 50 ms)")
         idle = e2e(port, f"/webhook/{e2e_code}", sink, 20, max(2.0, SECONDS / 2), threads=1)
         figures["e2e_p50_ms"] = percentile(idle, 50)
         figures["e2e_p99_ms"] = percentile(idle, 99)
+        log("end to end: the sustained rate (posting as fast as answered), then at half of it")
+        figures["e2e_sustained_rps"] = edge.sustained_e2e(
+            port, f"/webhook/{e2e_code}", BODY, SECONDS, sink
+        )
         load = e2e(
-            port, f"/webhook/{e2e_code}", sink, figures["delivery_rps"] / 2, SECONDS, threads=32
+            port,
+            f"/webhook/{e2e_code}",
+            sink,
+            figures["e2e_sustained_rps"] / 2,
+            SECONDS,
+            threads=32,
         )
         figures["e2e_load_p50_ms"] = percentile(load, 50)
         figures["e2e_load_p99_ms"] = percentile(load, 99)

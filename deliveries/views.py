@@ -88,8 +88,11 @@ def receive(request, code):
             gone=gone.is_set if gone is not None else None,
         )
     except ingest.SenderGone:
-        # Rolled back: the sender will retry. No one reads this answer.
-        return JsonResponse({"error": "the sender disconnected"}, status=499)
+        # Rolled back: the sender will retry. No one reads this answer, and under a
+        # flood a log line for each would be a flood of its own.
+        response = JsonResponse({"error": "the sender disconnected"}, status=499)
+        response._has_been_logged = True
+        return response
     if stored.duplicate:
         metrics.event_duplicate(entrypoint.webhook_code)
         return JsonResponse({"event": str(stored.code), "duplicate": True})
