@@ -23,11 +23,12 @@ def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="app
     return [events[i] for i in stored]
 
 
-def make_engine(clock=None, **options):
-    """An engine with fast test timings; `options` are EngineConfig fields."""
+def make_engine(clock=None, partitions=None, **options):
+    """An engine with fast test timings; `options` are EngineConfig fields,
+    `partitions` a partitions.Partitions (default: the one partition, held)."""
     defaults = {"workers": 1, "poll_interval": 0.05, "backoff_base": 0.01, "backoff_cap": 1.0}
     config = EngineConfig(**{**defaults, **options})
-    return Engine(config, clock=clock or time.monotonic)
+    return Engine(config, clock=clock or time.monotonic, partitions=partitions)
 
 
 def started_engine(**options):

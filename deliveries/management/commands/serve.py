@@ -4,9 +4,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
 
 
 def gunicorn_command(*options):
@@ -34,12 +36,35 @@ def rundelivery_command(*args):
 class Command(BaseCommand):
     help = (
         "Run the web side (gunicorn) and the delivery engine (rundelivery) together. "
-        "Ctrl-C or SIGTERM stops both; if either exits, the other is stopped too."
+        "Ctrl-C or SIGTERM stops both. If gunicorn exits, everything stops; if an "
+        "engine exits, it is started again (with backoff) and the web side keeps "
+        "serving."
     )
 
+    # Restarting an engine that exited: first wait, doubling up to the cap; an
+    # engine that ran this long before exiting starts again after the first wait.
+    RESTART_FIRST = 1.0
+    RESTART_CAP = 60.0
+    RESTART_RESET_AFTER = 60.0
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--engines",
+            type=int,
+            default=1,
+            help="rundelivery processes to run (PostgreSQL only past 1: they share the "
+            "partitions, and so use more than one core) (default: %(default)r)",
+        )
+
     def handle(self, *args, **options):
-        base = settings.BASE_DIR
-        commands = {"gunicorn": gunicorn_command(), "rundelivery": rundelivery_command()}
+        engines = options["engines"]
+        if engines < 1:
+            raise CommandError("--engines must be at least 1")
+        if engines > 1 and connection.vendor != "postgresql":
+            raise CommandError(
+                f"--engines {engines}: SQLite takes one engine per data directory; "
+                "several engines need PostgreSQL (DATABASE_URL)"
+            )
         # Counters start from zero with the processes that count them: files left by
         # an earlier run's processes would add their totals to this run's forever.
         metrics_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -49,26 +74,60 @@ class Command(BaseCommand):
         stop = threading.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, lambda *_: stop.set())
-        # Each child gets its own session, so a Ctrl-C in the terminal reaches only
-        # this process: the children then get exactly one SIGTERM each, which for
-        # rundelivery means "drain and exit" rather than a second, forcing signal.
-        children = {
-            name: subprocess.Popen(argv, cwd=base, start_new_session=True)  # noqa: S603 (fixed argv)
-            for name, argv in commands.items()
-        }
-        for name, child in children.items():
-            threading.Thread(target=_watch, args=(child, stop), name=name, daemon=True).start()
-        stop.wait()
-        for child in children.values():
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        codes = {name: child.wait() for name, child in children.items()}
+        web = _Child("gunicorn", gunicorn_command())
+        children = [web] + [_Child(f"engine-{n}", rundelivery_command()) for n in range(engines)]
+        for child in children:
+            child.start()
+        while not stop.wait(0.2):
+            if web.popen.poll() is not None:
+                self.stderr.write(f"gunicorn exited with code {web.popen.returncode}; stopping")
+                break
+            for child in children[1:]:
+                self._supervise(child)
+        for child in children:
+            if child.popen.poll() is None:
+                child.popen.send_signal(signal.SIGTERM)
+        codes = {child.name: child.popen.wait() for child in children}
         failed = {name: code for name, code in codes.items() if code not in (0, -signal.SIGTERM)}
         if failed:
             self.stderr.write(f"stopped; exit codes: {failed}")
             os._exit(1)
 
+    def _supervise(self, child) -> None:
+        """Start an engine that exited again, after its backoff: the web side keeps
+        taking webhooks meanwhile, and they wait in the database."""
+        code = child.popen.poll()
+        now = time.monotonic()
+        if code is None:
+            return
+        if child.restart_at is None:
+            if now - child.started > self.RESTART_RESET_AFTER:
+                child.backoff = self.RESTART_FIRST
+            child.restart_at = now + child.backoff
+            self.stderr.write(
+                f"{child.name} exited with code {code}; starting it again in {child.backoff:.0f}s"
+            )
+            child.backoff = min(child.backoff * 2, self.RESTART_CAP)
+        elif now >= child.restart_at:
+            child.start()
+            self.stderr.write(f"{child.name} started again (pid {child.popen.pid})")
 
-def _watch(child, stop):
-    child.wait()
-    stop.set()
+
+class _Child:
+    def __init__(self, name, argv):
+        self.name = name
+        self.argv = argv
+        self.popen = None
+        self.started = 0.0
+        self.restart_at = None
+        self.backoff = Command.RESTART_FIRST
+
+    def start(self) -> None:
+        # Each child gets its own session, so a Ctrl-C in the terminal reaches only
+        # this process: the children then get exactly one SIGTERM each, which for
+        # rundelivery means "drain and exit" rather than a second, forcing signal.
+        self.popen = subprocess.Popen(  # noqa: S603 (fixed argv)
+            self.argv, cwd=settings.BASE_DIR, start_new_session=True
+        )
+        self.started = time.monotonic()
+        self.restart_at = None
