@@ -8,13 +8,13 @@ from django.db import connection
 
 from deliveries.engine.lock import open_raw_connection
 from deliveries.engine.partitions import (
-    LOCK_NAMESPACE,
     PartitionManager,
     PartitionMismatch,
     Partitions,
     SessionUnsupported,
     check_session,
     fair_share,
+    lock_holders,
     plan,
     record_partition_count,
 )
@@ -169,14 +169,10 @@ def test_a_connection_that_keeps_no_session_is_refused():
 
 def held_by_pid():
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT objid, pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND objsubid = 2 AND granted",
-            [LOCK_NAMESPACE],
-        )
         found = {}
-        for partition, pid in cursor.fetchall():
-            found.setdefault(pid, set()).add(partition)
+        for partition, pids in lock_holders(cursor).items():
+            for pid in pids:
+                found.setdefault(pid, set()).add(partition)
         return found
 
 
@@ -213,3 +209,12 @@ def test_managers_share_the_partitions_and_a_lost_connection_is_survived():
     finally:
         first.close()
         second.close()
+
+
+def test_serve_refuses_several_engines_on_sqlite():
+    from django.core.management import CommandError, call_command
+
+    if connection.vendor != "sqlite":
+        pytest.skip("several engines are PostgreSQL's")
+    with pytest.raises(CommandError, match="SQLite takes one engine per data directory"):
+        call_command("serve", engines=2)

@@ -35,6 +35,20 @@ LOCK_NAMESPACE = 0x7768  # "wh"
 MEMBER_NAMESPACE = 0x7769
 
 
+def lock_holders(cursor) -> dict[int, list[int]]:
+    """{partition: backend pids holding its lock}, read through a DB-API `cursor`
+    (the healthy state: one pid for every partition)."""
+    cursor.execute(
+        "SELECT objid, pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+        "AND objsubid = 2 AND granted",
+        [LOCK_NAMESPACE],
+    )
+    found = {}
+    for partition, pid in cursor.fetchall():
+        found.setdefault(partition, []).append(pid)
+    return found
+
+
 class SessionUnsupported(Exception):
     """The lock connection does not keep a session across transactions (a
     transaction-mode pooler such as PgBouncer sits in front of it): session advisory
@@ -158,6 +172,9 @@ class PartitionManager:
 
     def __init__(self, engine, *, interval: float, connect, clock=time.monotonic):
         self.engine = engine
+        # pg_stat_activity shows the lock connection as this: an operator (or a
+        # test) can tell which engine holds which partitions.
+        self.application_name = f"webhooker engine {engine.config.name}"[:63]
         self.partitions = engine.partitions
         self.interval = interval
         # Returns a new autocommit psycopg connection (lock.open_raw_connection).
@@ -171,6 +188,8 @@ class PartitionManager:
         self._backoff = self.BACKOFF_FIRST
         self._retry_at = 0.0
         self._rebalance_at = 0.0
+        self._lost_at = None  # clock time the lock connection was lost, while it is
+        self._unrecovered: set[int] = set()  # locked, their recovery not yet run
 
     # --- the connection -------------------------------------------------------------
 
@@ -186,6 +205,9 @@ class PartitionManager:
             # within about 5 + 2 * 3 s, not the kernel's two hours.
             for name, value in self.KEEPALIVES:
                 conn.execute(f"SET {name} = {int(value)}")
+            conn.execute(
+                "SELECT set_config('application_name', %s, false)", (self.application_name,)
+            )
             check_session(conn, self.member)
         except BaseException:
             conn.close()
@@ -194,6 +216,7 @@ class PartitionManager:
         self.backend_pid = conn.info.backend_pid
         self._backoff = self.BACKOFF_FIRST
         self._rebalance_at = 0.0
+        self._lost_at = None
 
     def alive(self) -> bool:
         if self.conn is None:
@@ -219,6 +242,7 @@ class PartitionManager:
         if self.conn is None:
             if now < self._retry_at:
                 return
+            lost_at = self._lost_at
             try:
                 self.connect()
             except SessionUnsupported:
@@ -228,7 +252,14 @@ class PartitionManager:
                 logger.warning("lock connection: %s; trying again in %.1fs", exc, self._backoff)
                 self._backoff = min(self._backoff * 2, self.BACKOFF_CAP)
                 return
-            logger.info("lock connection open (backend pid %s)", self.backend_pid)
+            if lost_at is not None:
+                logger.warning(
+                    "lock connection open again after %.1fs (backend pid %s); taking partitions",
+                    now - lost_at,
+                    self.backend_pid,
+                )
+            else:
+                logger.info("lock connection open (backend pid %s)", self.backend_pid)
         if not self.alive():
             self.lost()
             return
@@ -236,6 +267,15 @@ class PartitionManager:
         if now >= self._rebalance_at:
             self._rebalance_at = now + self.interval
             self.rebalance()
+        self.recover_taken()
+
+    def recover_taken(self) -> None:
+        """Run the take (at-start recovery) of partitions locked but not yet
+        recovered; a database error leaves them for the next step."""
+        if self._unrecovered:
+            taken = sorted(self._unrecovered)
+            self.engine.take_partitions(taken)
+            self._unrecovered.difference_update(taken)
 
     def lost(self) -> None:
         """The lock connection is gone, and every lock with it: another engine may
@@ -246,7 +286,9 @@ class PartitionManager:
             len(dropped),
         )
         self.close()
-        self._retry_at = self.clock() + self._backoff
+        self._unrecovered.clear()
+        self._lost_at = self.clock()
+        self._retry_at = self._lost_at + self._backoff
         self._backoff = min(self._backoff * 2, self.BACKOFF_CAP)
 
     def rebalance(self) -> None:
@@ -260,14 +302,17 @@ class PartitionManager:
             free = [p for p in range(self.partitions.count) if p not in holders]
             random.shuffle(free)  # engines starting together try different ones first
             taken = []
-            for p in free:
-                if len(taken) >= take:
-                    break
-                if self._try_lock(p):
-                    taken.append(p)
+            try:
+                for p in free:
+                    if len(taken) >= take:
+                        break
+                    if self._try_lock(p):
+                        taken.append(p)
+            finally:
+                # Locked is owned, even if the loop broke off: recovered next.
+                self._unrecovered.update(taken)
             if taken:
                 logger.info("took partitions %s", sorted(taken))
-                self.engine.take_partitions(taken)
 
     def hand_over_drained(self) -> list:
         """Unlock every draining partition the engine holds nothing of any more."""
