@@ -19,7 +19,16 @@ from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.paginator import Paginator
-from django.db.models import Count, F, Func, IntegerField, OuterRef, Q, Subquery, URLField
+from django.db.models import (
+    Count,
+    Exists,
+    F,
+    Func,
+    IntegerField,
+    OuterRef,
+    Subquery,
+    URLField,
+)
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import filesizeformat
 from django.template.response import TemplateResponse
@@ -30,8 +39,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from unfold.admin import ModelAdmin, StackedInline, TabularInline
+from unfold.contrib.filters.admin import (
+    ChoicesDropdownFilter,
+    DropdownFilter,
+    RangeDateTimeFilter,
+)
 
-from deliveries import health, signing, ssrf, verification
+from deliveries import health, search, signing, ssrf, verification
 from deliveries.forms import EntrypointForm, PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import (
     Alert,
@@ -44,6 +58,7 @@ from deliveries.models import (
     Target,
     Webhook,
 )
+from deliveries.search import SCAN_ROWS
 from deliveries.targets.base import TargetURLField
 
 STATUS_COLOURS = {
@@ -55,11 +70,11 @@ STATUS_COLOURS = {
 }
 
 
-def status_badge(status):
+def status_badge(status, text=None):
     return format_html(
         '<span class="wh-badge" style="background:{}">{}</span>',
         STATUS_COLOURS.get(status, "#6b7280"),
-        status,
+        text or status,
     )
 
 
@@ -317,8 +332,7 @@ class WebhookAdmin(OwnedAdmin):
     formfield_overrides = {URLField: {"form_class": TargetURLField}}
 
     class Media:
-        js = ["deliveries/admin.js", "deliveries/trust.js"]
-        css = {"all": ["deliveries/admin.css"]}
+        js = ["deliveries/trust.js"]
 
     def get_list_display(self, request):
         if request.user.is_superuser:
@@ -460,7 +474,7 @@ def parse_id(value) -> int | None:
     return int(value) or None
 
 
-class WebhookFilter(admin.SimpleListFilter):
+class WebhookFilter(DropdownFilter):
     """The user's own webhooks only (RelatedFieldListFilter would list everyone's)."""
 
     title = "webhook"
@@ -478,38 +492,132 @@ class WebhookFilter(admin.SimpleListFilter):
         return queryset
 
 
+class EntrypointFilter(DropdownFilter):
+    title = "entrypoint"
+    parameter_name = "entrypoint"
+
+    def lookups(self, request, model_admin):
+        entrypoints = Entrypoint.objects.visible_to(request.user).select_related("webhook")
+        return [(e.pk, f"{e.webhook.name}: {e}") for e in entrypoints.order_by("webhook__name")]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            pk = parse_id(self.value())
+            return queryset.filter(entrypoint=pk) if pk else queryset.none()
+        return queryset
+
+
+class DeliveryStatusFilter(DropdownFilter):
+    """Events with at least one delivery in this status."""
+
+    title = "delivery status"
+    parameter_name = "delivery_status"
+
+    def lookups(self, request, model_admin):
+        return Delivery.Status.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in Delivery.Status.values:
+            # EXISTS per event, read from delivery_event_target_uniq: the list
+            # stops at its first page of matches instead of joining every delivery.
+            return queryset.filter(
+                Exists(Delivery.objects.filter(event=OuterRef("pk"), status=self.value()))
+            )
+        return queryset
+
+
+class SearchInFilter(DropdownFilter):
+    """What the search box searches: codes and event ids (indexed), or a bounded
+    window of headers or payloads (deliveries/search.py)."""
+
+    title = "search in"
+    parameter_name = "search_in"
+    all_option = ["", "Code prefix or event id"]
+
+    def lookups(self, request, model_admin):
+        return [("headers", "Header values"), ("payload", "Payload text")]
+
+    def queryset(self, request, queryset):
+        return queryset  # the search itself reads the choice
+
+
+OUTCOME_ORDER = ["failed", "retrying", "pending", "delivered", "filtered"]
+
+
+def outcome_badges(counts: dict[str, int]):
+    """'2 of 2 delivered', or one badge per status that is not delivered."""
+    total = sum(counts.values())
+    if not total:
+        return format_html('<span class="wh-quiet">no targets</span>')
+    delivered = counts.get("delivered", 0)
+    if delivered == total:
+        return status_badge("delivered", f"{delivered} of {total} delivered")
+    badges = [
+        status_badge(status, f"{counts[status]} {status}")
+        for status in OUTCOME_ORDER
+        if counts.get(status)
+    ]
+    return format_html_join(" ", "{}", ((badge,) for badge in badges))
+
+
+def copyable_code(code, url=None):
+    """The first 8 characters of a code; the whole on hover and on Copy."""
+    short = str(code)[:8]
+    text = format_html('<a href="{}">{}</a>', url, short) if url else short
+    return format_html(
+        '<span class="wh-code" title="{}">{}</span>'
+        '<button type="button" class="wh-copy wh-copy-icon" data-copy="{}" title="Copy {}">'
+        '<span class="material-symbols-outlined">content_copy</span></button>',
+        code,
+        text,
+        code,
+        code,
+    )
+
+
 @admin.register(Event)
 class EventAdmin(ReadOnlyMixin, OwnedAdmin):
     list_display = [
-        "code",
+        "short_code",
         "webhook",
-        "method",
-        "content_type",
-        "size",
-        "remote_addr",
+        "kind",
         "provider_id",
+        "size",
         "received_at",
+        "outcome",
     ]
+    list_display_links = None
     list_select_related = ["webhook"]
-    list_filter = [WebhookFilter, ("received_at", admin.DateFieldListFilter)]
+    list_filter = [
+        SearchInFilter,
+        WebhookFilter,
+        EntrypointFilter,
+        ("received_at", RangeDateTimeFilter),
+        DeliveryStatusFilter,
+    ]
+    list_filter_submit = True
     search_fields = ["=code"]
-    search_help_text = "An event's code, or its sender's event id (e.g. X-GitHub-Delivery)."
+    search_help_text = (
+        "A code prefix (8 characters are plenty) or the sender's event id "
+        "(e.g. X-GitHub-Delivery); or, with “search in”, header values or payload text "
+        f"among the {SCAN_ROWS:,} newest events of the date range."
+    )
+    list_before_template = "admin/deliveries/event/search_note.html"
     paginator = CappedCountPaginator
     show_full_result_count = False
-    inlines = [DeliveryInline]
     actions = ["replay"]
     fieldsets = [
-        (None, {"fields": ["code", "webhook", "entrypoint", "received_at"]}),
-        ("Sender's event id", {"fields": ["provider_id", "received"]}),
-        ("Request", {"fields": ["method", "query_string", "content_type", "size", "remote_addr"]}),
+        ("Deliveries", {"fields": ["deliveries_table"]}),
+        (None, {"fields": [("code", "received_at"), ("webhook", "entrypoint")]}),
+        ("Sender's event", {"fields": [("event_type", "provider_id"), "received"]}),
+        (
+            "Request",
+            {"fields": [("method", "content_type", "size"), ("remote_addr", "query_string")]},
+        ),
         ("Headers", {"fields": ["headers_table"]}),
         ("Body", {"fields": ["body_view"]}),
     ]
-    readonly_fields = flatten_fieldsets(fieldsets)
-
-    class Media:
-        css = {"all": ["deliveries/admin.css"]}
-        js = ["deliveries/admin.js"]
+    readonly_fields = [name for name in flatten_fieldsets(fieldsets) if not isinstance(name, tuple)]
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)
@@ -529,13 +637,43 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         ]
 
     def get_search_results(self, request, queryset, search_term):
-        results, duplicates = super().get_search_results(request, queryset, search_term)
         term = search_term.strip()
-        if term:
-            # Exact, and with the partial index's own condition, so that SQLite
-            # (not only PostgreSQL) answers from event_provider_id_idx.
-            results |= queryset.filter(~Q(provider_id=""), provider_id=term)
-        return results, duplicates
+        if not term:
+            return queryset, False
+        where = request.GET.get("search_in")
+        if where in ("headers", "payload"):
+            found, reach = search.scan(queryset, term, where)
+            request.wh_search_scan = {"where": where, "scan": reach, "limit": SCAN_ROWS}
+            return found, False
+        return search.find(queryset, term), False
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # The outcome of the page's events: one grouped query, not one per row.
+        events = {event.pk: event for event in changelist.result_list}
+        for event in events.values():
+            event.delivery_counts = {}
+        rows = (
+            Delivery.objects.filter(event__in=list(events))
+            .values_list("event", "status")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        for event_id, status, n in rows:
+            events[event_id].delivery_counts[status] = n
+        return changelist
+
+    @admin.display(description="Event", ordering="code")
+    def short_code(self, obj):
+        return copyable_code(obj.code, reverse("admin:deliveries_event_change", args=[obj.pk]))
+
+    @admin.display(description="Type", ordering="event_type")
+    def kind(self, obj):
+        return obj.event_type or "–"
+
+    @admin.display(description="Deliveries")
+    def outcome(self, obj):
+        return outcome_badges(getattr(obj, "delivery_counts", {}))
 
     @admin.display(description="Received")
     def received(self, obj):
@@ -544,6 +682,42 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         if not obj.duplicates:
             return "once"
         return f"{obj.duplicates + 1} times (the repeats were answered as duplicates)"
+
+    @admin.display(description="")
+    def deliveries_table(self, obj):
+        deliveries = obj.deliveries.select_related("target").order_by("target__name", "pk")
+        last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
+        deliveries = deliveries.annotate(last_code=Subquery(last.values("status_code")[:1]))
+        here = reverse("admin:deliveries_event_change", args=[obj.pk])
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td class="wh-buttons">{}</td></tr>',
+            (
+                (
+                    format_html(
+                        '<a href="{}">{}</a>',
+                        reverse("admin:deliveries_delivery_change", args=[d.pk]),
+                        d.target.name,
+                    ),
+                    status_badge(d.status),
+                    d.attempts,
+                    d.last_code or "–",
+                    when(d.next_attempt_at),
+                    when(d.updated_at),
+                    delivery_buttons(d, here),
+                )
+                for d in deliveries
+            ),
+        )
+        if not rows:
+            return "No deliveries: the webhook had no active target when it arrived."
+        return format_html(
+            '<div class="wh-scroll"><table class="wh-table"><thead><tr><th>Target</th>'
+            "<th>Status</th><th>Attempts</th><th>Last code</th><th>Next try</th>"
+            "<th>Last change</th><th></th></tr></thead><tbody>{}</tbody></table></div>",
+            rows,
+        )
 
     def body_download(self, request, object_id):
         """The exact bytes as received."""
@@ -636,7 +810,7 @@ class DeliveryWebhookFilter(WebhookFilter):
     field = "target__webhook"
 
 
-class TargetFilter(admin.SimpleListFilter):
+class TargetFilter(DropdownFilter):
     title = "target"
     parameter_name = "target"
 
@@ -658,31 +832,61 @@ class TargetFilter(admin.SimpleListFilter):
         return queryset
 
 
-class DeliveryResultInline(ReadOnlyInline):
-    model = DeliveryResult
-    verbose_name = "attempt"
-    verbose_name_plural = "attempt timeline"
-    fields = [
-        "attempt",
-        "created_at",
-        "outcome",
-        "status_code",
-        "duration_ms",
-        "error",
-        "response_excerpt",
+def when(moment) -> str:
+    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "–"
+
+
+def delivery_buttons(delivery, next_url: str):
+    """Retry now (while it waits for a retry) and Redeliver (once finished): submit
+    buttons that post the page's form, CSRF token included, to the delivery's
+    action URLs (a change page is one form already; forms cannot nest)."""
+    buttons = []
+    if delivery.status == Delivery.Status.RETRYING:
+        buttons.append(("retry_now", "Retry now", "wh-button-primary"))
+    if delivery.status in Delivery.FINISHED:
+        buttons.append(("redeliver", "Redeliver", ""))
+    return format_html_join(
+        " ",
+        '<button type="submit" class="wh-button {}" formmethod="post" '
+        'formaction="{}?next={}" formnovalidate>{}</button>',
+        (
+            (css, reverse(f"admin:deliveries_delivery_{name}", args=[delivery.pk]), next_url, label)
+            for name, label, css in buttons
+        ),
+    )
+
+
+def header_rows(lines):
+    rows = format_html_join(
+        "", "<tr><th>{}</th><td><code>{}</code></td></tr>", ((n, v) for n, v in lines)
+    )
+    return format_html('<table class="wh-headers">{}</table>', rows) if rows else "–"
+
+
+def attempt_card(result):
+    """One attempt: what was sent beside what came back."""
+    response_lines = [
+        line.partition(": ")[::2] for line in result.response_headers.splitlines() if line
     ]
-    readonly_fields = fields
-    ordering = ["attempt", "id"]
-
-    @admin.display(description="Outcome")
-    def outcome(self, obj):
-        return status_badge("delivered" if obj.success else "failed")
-
-    @admin.display(description="Response")
-    def response_excerpt(self, obj):
-        if not obj.response_body:
-            return "–"
-        return format_html('<pre class="wh-excerpt">{}</pre>', obj.response_body[:500])
+    outcome = status_badge("delivered" if result.success else "failed")
+    return format_html(
+        '<section class="wh-attempt"><header><strong>Attempt {}</strong> {} '
+        '<span class="wh-quiet">{} · {} ms</span></header>'
+        '<div class="wh-exchange"><div><h4>Request</h4><p><code class="wh-url">POST {}</code></p>'
+        "{}</div><div><h4>Response {}</h4>{}{}{}</div></div></section>",
+        result.attempt,
+        outcome,
+        when(result.created_at),
+        result.duration_ms,
+        result.request_url or "(not recorded)",
+        header_rows(result.request_headers),
+        result.status_code or "",
+        format_html('<p class="wh-error">{}</p>', result.error) if result.error else "",
+        header_rows(response_lines),
+        format_html('<pre class="wh-excerpt">{}</pre>', result.response_body)
+        if result.response_body
+        else "",
+    )
 
 
 @admin.register(Delivery)
@@ -701,31 +905,70 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     list_display_links = ["id"]
     list_select_related = ["target__webhook"]
     list_filter = [
-        ("status", admin.ChoicesFieldListFilter),
-        ("target__type", admin.ChoicesFieldListFilter),
+        ("status", ChoicesDropdownFilter),
+        ("target__type", ChoicesDropdownFilter),
         DeliveryWebhookFilter,
         TargetFilter,
-        ("created_at", admin.DateFieldListFilter),
+        ("created_at", RangeDateTimeFilter),
     ]
+    list_filter_submit = True
     search_fields = ["=event__code"]
+    search_help_text = "An event's code prefix or its sender's event id."
     paginator = CappedCountPaginator
     show_full_result_count = False
     actions = ["redeliver", "retry_now"]
-    inlines = [DeliveryResultInline]
-    fields = [
-        "badge",
-        "event_link",
-        "webhook",
-        "target",
-        "attempts",
-        "next_attempt_at",
-        "created_at",
-        "updated_at",
+    fieldsets = [
+        (None, {"fields": ["buttons", ("badge", "attempts", "next_attempt_at")]}),
+        (None, {"fields": [("event_link", "webhook", "target"), ("created_at", "updated_at")]}),
+        ("Attempts", {"fields": ["attempts_view"]}),
     ]
-    readonly_fields = fields
+    readonly_fields = flatten_fieldsets(fieldsets)
 
-    class Media:
-        css = {"all": ["deliveries/admin.css"]}
+    def get_urls(self):
+        return [
+            path(
+                f"<path:object_id>/{name.replace('_', '-')}/",
+                self.admin_site.admin_view(require_POST(functools.partial(self.act_on_one, name))),
+                name=f"deliveries_delivery_{name}",
+            )
+            for name in ("retry_now", "redeliver")
+        ] + super().get_urls()
+
+    def act_on_one(self, name, request, object_id):
+        """The page buttons: one delivery, no confirmation needed (it is one)."""
+        delivery = self.get_object(request, object_id)  # 404 for others' deliveries
+        one = self.get_queryset(request).filter(pk=delivery.pk)
+        if name == "retry_now":
+            done = one.retry_now()
+            text = "It will be attempted now." if done else "It was not waiting for a retry."
+        else:
+            done = one.redeliver()
+            text = "Queued for redelivery." if done else "It is already on its way."
+        self.message_user(
+            request, f"Delivery {delivery.pk}: {text}", messages.SUCCESS if done else messages.INFO
+        )
+        back = request.GET.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+            back = reverse("admin:deliveries_delivery_change", args=[delivery.pk])
+        return HttpResponseRedirect(back)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        events = search.find(Event.objects.all(), term).values("pk")
+        return queryset.filter(event__in=events), False
+
+    @admin.display(description="")
+    def buttons(self, obj):
+        here = reverse("admin:deliveries_delivery_change", args=[obj.pk])
+        return delivery_buttons(obj, here) or "–"
+
+    @admin.display(description="Attempts, newest first")
+    def attempts_view(self, obj):
+        results = obj.results.order_by("-attempt", "-id")[:50]
+        cards = format_html_join("", "{}", ((attempt_card(r),) for r in results))
+        return cards or "No attempt yet."
 
     def get_queryset(self, request):
         last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
@@ -751,10 +994,14 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     def webhook(self, obj):
         return obj.target.webhook
 
+    @admin.display(description="Attempts", ordering="attempts")
+    def attempts(self, obj):
+        return obj.attempts
+
     @admin.display(description="Event")
     def event_link(self, obj):
         url = reverse("admin:deliveries_event_change", args=[obj.event_id])
-        return format_html('<a href="{}">{}</a>', url, obj.event_code)
+        return copyable_code(obj.event_code, url)
 
     @admin.display(description="Last code")
     def last_status_code(self, obj):
@@ -848,8 +1095,7 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     ]
 
     class Media:
-        js = ["deliveries/admin.js", "deliveries/trust.js"]
-        css = {"all": ["deliveries/admin.css"]}
+        js = ["deliveries/trust.js"]
 
     def has_add_permission(self, request):
         return False
@@ -1097,8 +1343,7 @@ class EntrypointAdmin(OwnedAdmin):
     readonly_fields = ["webhook", "inbound_path", "secret_status"]
 
     class Media:
-        js = ["deliveries/admin.js", "deliveries/trust.js"]
-        css = {"all": ["deliveries/admin.css"]}
+        js = ["deliveries/trust.js"]
 
     def has_add_permission(self, request):
         return False

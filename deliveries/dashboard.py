@@ -1,13 +1,19 @@
-"""Figures for the admin index: the engine's heartbeat and the last 24 hours."""
+"""Figures for the admin index: the engines' heartbeats and the last 24 hours.
+
+The page reloads its figures every few seconds from live() (admin.js replaces the
+block in place), so every query here reads an index range of the last day or a
+handful of rows: the page must stay fast on a history of millions.
+"""
 
 import datetime
 
-from django.db.models import Count, Q
+from django.db.models import Avg, Count, Q
 from django.db.models.functions import TruncHour
+from django.template.response import TemplateResponse
 from django.utils import timezone
 
 from deliveries import health
-from deliveries.models import Delivery, EngineStatus, Target
+from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Target
 
 HOURS = 24
 
@@ -35,13 +41,13 @@ def hourly(deliveries, now):
         hour = row["hour"]
         if hour in buckets:
             buckets[hour][row["status"]] = row["n"]
-    peak = max([b["delivered"] + b["failed"] for b in buckets.values()] + [1])
-    width, height, gap = 24, 120, 4
+    peak = nice_ceiling(max([b["delivered"] + b["failed"] for b in buckets.values()] + [1]))
+    width, height, gap, left = 24, 120, 4, 40
     bars = []
     for i, (hour, b) in enumerate(sorted(buckets.items())):
         ok_h = round(height * b["delivered"] / peak)
         bad_h = round(height * b["failed"] / peak)
-        x = i * (width + gap)
+        x = left + i * (width + gap)
         bars.append(
             {
                 "x": x,
@@ -55,13 +61,30 @@ def hourly(deliveries, now):
                 "label": i % 3 == 0,
             }
         )
+    # Grid lines at whole numbers only.
+    parts = 4 if peak % 4 == 0 else 2 if peak % 2 == 0 else 1
+    ticks = [
+        {"value": peak * n // parts, "y": height - height * n // parts} for n in range(parts + 1)
+    ]
     return {
         "bars": bars,
         "peak": peak,
-        "width": HOURS * (width + gap),
+        "ticks": ticks,
+        "left": left,
+        "width": left + HOURS * (width + gap),
         "height": height,
         "bar_width": width,
     }
+
+
+def nice_ceiling(value: int) -> int:
+    """The y axis' top: 1, 2 or 5 times a power of ten, divisible by 4 where it can be."""
+    scale = 1
+    while True:
+        for step in (1, 2, 4, 5, 8, 10):
+            if step * scale >= value:
+                return step * scale
+        scale *= 10
 
 
 def failing_targets(deliveries, targets, since, breakers, limit=5):
@@ -92,22 +115,92 @@ def failing_targets(deliveries, targets, since, breakers, limit=5):
     ]
 
 
+def slowest_targets(targets, since, limit=5):
+    """The targets whose attempts took longest on average over the window."""
+    rows = (
+        DeliveryResult.objects.filter(target__in=targets, created_at__gte=since)
+        .values("target")
+        .annotate(avg_ms=Avg("duration_ms"), attempts=Count("id"))
+        .order_by("-avg_ms")[:limit]
+    )
+    rows = list(rows)
+    found = Target.objects.select_related("webhook").in_bulk([r["target"] for r in rows])
+    return [
+        {**row, "avg_ms": round(row["avg_ms"]), "target": found[row["target"]]}
+        for row in rows
+        if row["target"] in found
+    ]
+
+
+def ago(seconds: float | None) -> str:
+    """ "45 s", "12 min", "3 h", "2 days": never "0 minutes"."""
+    if seconds is None:
+        return "–"
+    seconds = max(0, int(seconds))
+    if seconds < 90:
+        return f"{seconds} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    if seconds < 36 * 3600:
+        return f"{round(seconds / 3600)} h"
+    return f"{round(seconds / 86400)} days"
+
+
+def engines(now):
+    """Every engine heard from in the last day, the live ones first, each with
+    its state in words."""
+    rows = list(
+        EngineStatus.objects.exclude(heartbeat_at=None)
+        .filter(heartbeat_at__gte=now - datetime.timedelta(days=1))
+        .order_by("-heartbeat_at")[:20]
+    )
+    found = []
+    for engine in rows:
+        alive = engine.alive(now)
+        age = engine.heartbeat_age(now)
+        if alive:
+            state = "running"
+        elif engine.stopped_at:
+            state = f"stopped {ago((now - engine.stopped_at).total_seconds())} ago"
+        else:
+            state = f"not responding for {ago(age)}"
+        uptime = ago((now - engine.started_at).total_seconds()) if engine.started_at else "–"
+        found.append(
+            {"row": engine, "alive": alive, "state": state, "age": ago(age), "uptime": uptime}
+        )
+    found.sort(key=lambda e: not e["alive"])
+    return found
+
+
 def context(user, now=None):
     now = now or timezone.now()
     since = now - datetime.timedelta(hours=HOURS)
     coverage = EngineStatus.objects.coverage(now)
     deliveries = Delivery.objects.visible_to(user)
+    targets = Target.objects.visible_to(user)
     breakers = health.breakers(now, coverage.engines)
     return {
-        # The last engine heard from, shown while none is alive.
-        "engine": EngineStatus.objects.current(),
-        "engines": coverage.engines,
+        # Live engines first, then those gone within the day, with how long ago.
+        "engines": engines(now),
         "coverage": coverage,
         # Every partition held by a live engine: everything is being delivered.
         "engine_alive": coverage.complete,
         "status_counts": status_counts(deliveries, since),
         "chart": hourly(deliveries, now),
-        "failing_targets": failing_targets(
-            deliveries, Target.objects.visible_to(user), since, breakers
+        "failing_targets": failing_targets(deliveries, targets, since, breakers),
+        "slowest_targets": slowest_targets(targets, since),
+        "paused_targets": list(
+            targets.filter(paused=True).select_related("webhook").order_by("-paused_at")[:10]
         ),
+        "alerts": list(
+            Alert.objects.visible_to(user)
+            .select_related("target__webhook")
+            .order_by("-created_at")[:5]
+        ),
+        "now": now,
     }
+
+
+def live(request):
+    """The dashboard's figures alone, for the page to refresh itself (admin.js)."""
+    return TemplateResponse(request, "admin/deliveries/dashboard.html", context(request.user))

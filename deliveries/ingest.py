@@ -141,6 +141,7 @@ def store_event(
         provider_id,
         deduplicated := bool(dedup and provider_id),
         0,
+        event_type(headers, body, content_type),
     ]
     # The unique index event_provider_id_uniq decides between concurrent posts of
     # one provider id: the loser's insert does nothing (after waiting for the
@@ -148,7 +149,8 @@ def store_event(
     insert_event = (
         f"INSERT INTO {t['event']} (code, webhook_id, entrypoint_id, method, query_string, "
         "headers, body, body_size, content_type, remote_addr, received_at, provider_id, "
-        "deduplicated, duplicates) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "deduplicated, duplicates, event_type) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
         f"{'ON CONFLICT DO NOTHING ' if deduplicated else ''}RETURNING id"
     )
     # One statement reads the active targets and writes their deliveries inside
@@ -197,6 +199,40 @@ def _count_duplicate(cursor, t, webhook_id: int, provider_id: str) -> Stored | N
         return None
     code = row[1] if isinstance(row[1], uuid.UUID) else uuid.UUID(row[1])
     return Stored(event_id=row[0], code=code, deliveries=0, duplicate=True)
+
+
+# Headers that name the kind of event, as senders send them (GitHub, GitLab,
+# Bitbucket, Shopify, Gitea, Twilio-style); else a JSON body's "type" (Stripe,
+# Standard Webhooks) or "event".
+EVENT_TYPE_HEADERS = (
+    "x-github-event",
+    "x-gitlab-event",
+    "x-event-key",
+    "x-shopify-topic",
+    "x-gitea-event",
+    "x-event-type",
+)
+# Bodies parsed for their "type" only up to this size: the list column is a
+# convenience, never worth parsing megabytes in the inbound request.
+EVENT_TYPE_BODY_LIMIT = 64 * 1024
+
+
+def event_type(headers: list[list[str]], body: bytes, content_type: str) -> str:
+    """What the sender says the event is, or ""."""
+    for name, value in headers:
+        if name.lower() in EVENT_TYPE_HEADERS and value.strip():
+            return value.strip()[:200]
+    if len(body) > EVENT_TYPE_BODY_LIMIT or body.lstrip()[:1] != b"{":
+        return ""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    for key in ("type", "event", "event_type"):
+        value = document.get(key) if isinstance(document, dict) else None
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:200]
+    return ""
 
 
 def ip_or_none(value: str | None) -> str | None:

@@ -139,8 +139,8 @@ def test_delivery_page_shows_the_attempt_timeline(alice):
         .get(reverse("admin:deliveries_delivery_change", args=[delivery.pk]))
         .content.decode()
     )
-    assert "attempt timeline" in body.lower()
-    assert "HTTP 500" in body and ">500<" in body
+    assert "attempts, newest first" in body.lower()
+    assert "HTTP 500" in body and "Response 500" in body
 
 
 def test_delivery_list_filters(alice):
@@ -235,7 +235,7 @@ def test_bulk_actions_run_a_few_queries_for_thousands(alice, django_assert_max_n
         )
     assert Delivery.objects.filter(status="pending").count() == 2001
     Target.objects.create(webhook=hook, name="new", type="log")
-    with django_assert_max_num_queries(40):  # the action, then its confirmation
+    with django_assert_max_num_queries(50):  # the action, then its confirmation
         act(
             client,
             reverse("admin:deliveries_event_changelist"),

@@ -21,8 +21,16 @@ from deliveries import ssrf
 if TYPE_CHECKING:
     from deliveries.engine.task import Task
 
-# How much of a receiver's answer is read and stored with each attempt.
+# How much of a receiver's answer is read and stored with each attempt: of its
+# body, and of its header lines.
 RESPONSE_BODY_LIMIT = 4096
+RESPONSE_HEADERS_LIMIT = 4096
+# Shown in place of a credential on the delivery page and in the target form.
+MASK = "••••••••"
+# Header names whose values are credentials whoever sets them.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +47,12 @@ class Outcome:
     error: str = ""
     retry_after: float | None = None
     permanent: bool = False
+    # What was sent, for the delivery page: the URL and the header lines, with
+    # credentials already masked (masked_headers).
+    request_url: str = ""
+    request_headers: tuple = ()
+    # The answer's header lines as text, at most RESPONSE_HEADERS_LIMIT characters.
+    response_headers: str = ""
 
 
 class TargetType:
@@ -129,6 +143,13 @@ class TargetURLField(forms.CharField):
         problem = value and url_problem(value)
         if problem:
             raise ValidationError(problem, code="invalid")
+
+
+def masked_headers(lines, secret_names=()) -> tuple:
+    """(name, value) pairs with the value of every credential masked: the names in
+    `secret_names` (a target's own configured headers) and CREDENTIAL_HEADERS."""
+    secret = CREDENTIAL_HEADERS | {name.lower() for name in secret_names}
+    return tuple((name, MASK if name.lower() in secret else value) for name, value in lines)
 
 
 def require_mapping(value) -> dict:

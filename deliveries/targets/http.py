@@ -1,3 +1,4 @@
+import dataclasses
 import numbers
 import time
 import urllib.parse
@@ -10,7 +11,13 @@ from urllib3 import HTTPHeaderDict
 
 from deliveries import signing
 from deliveries.targets import transport
-from deliveries.targets.base import TargetType, TargetURLField, require_url
+from deliveries.targets.base import (
+    MASK,
+    TargetType,
+    TargetURLField,
+    masked_headers,
+    require_url,
+)
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus the ones the transport sets itself.
 DROPPED_HEADERS = frozenset(
@@ -61,7 +68,7 @@ class HeadersField(forms.CharField):
     Their values are often credentials: the form shows them masked, and a line
     sent back with the mask keeps the value stored (keep_masked)."""
 
-    MASK = "••••••••"
+    MASK = MASK
     widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": "X-Token: secret"})
 
     def prepare_value(self, value):
@@ -169,13 +176,15 @@ class HttpTarget(TargetType):
         url = config["url"]
         if not config.get("drop_query"):
             url = with_query(url, task.query_string)
-        return transport.post(
+        outcome = transport.post(
             url,
             data=body,
             headers=headers,
             timeout=config.get("timeout"),
             forwarded=True,
         )
+        sent = masked_headers(headers.iteritems(), config.get("headers", {}))
+        return dataclasses.replace(outcome, request_url=url, request_headers=sent)
 
 
 def with_query(url: str, query: str) -> str:

@@ -13,7 +13,7 @@ from django.conf import settings
 from urllib3 import HTTPHeaderDict
 from urllib3.util import SKIP_HEADER
 
-from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome
+from deliveries.targets.base import RESPONSE_BODY_LIMIT, RESPONSE_HEADERS_LIMIT, Outcome
 from deliveries.targets.deadline import watchdog
 from deliveries.targets.errors import describe
 from deliveries.targets.guard import GuardedAdapter, blocked_reason
@@ -117,12 +117,16 @@ def post(
         finally:
             response.close()
     code = response.status_code
+    answered = "\n".join(f"{k}: {v}" for k, v in response.raw.headers.items())
+    answered = answered[:RESPONSE_HEADERS_LIMIT]
     try:
         body = excerpt.decode(response.encoding or "utf-8", "replace")
     except LookupError:  # a charset Python does not know: still the receiver's answer
         body = excerpt.decode("utf-8", "replace")
     if 200 <= code < 300:
-        return Outcome(success=True, status_code=code, response_body=body)
+        return Outcome(
+            success=True, status_code=code, response_body=body, response_headers=answered
+        )
     retry_after = None
     if code in (429, 503):
         retry_after = parse_retry_after(response.headers.get("Retry-After"))
@@ -136,6 +140,7 @@ def post(
         success=False,
         status_code=code,
         response_body=body,
+        response_headers=answered,
         error=error,
         retry_after=retry_after,
         permanent=code == 410,

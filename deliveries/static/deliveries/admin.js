@@ -27,3 +27,47 @@ document.addEventListener("DOMContentLoaded", () => {
 document.addEventListener("formset:added", (event) => {
   event.target.querySelectorAll("select[data-target-type]").forEach(showTypeFields);
 });
+
+// The dashboard refreshes its figures in place every few seconds (no full reload),
+// and pauses while the tab is hidden.
+const DASHBOARD_REFRESH_MS = 5000;
+
+async function refreshDashboard() {
+  const current = document.getElementById("wh-dashboard");
+  if (!current || document.hidden) return;
+  try {
+    const response = await fetch(current.dataset.live, {credentials: "same-origin"});
+    if (!response.ok) return;
+    const holder = document.createElement("div");
+    holder.innerHTML = await response.text();
+    const fresh = holder.querySelector("#wh-dashboard");
+    if (fresh) current.replaceWith(fresh);
+  } catch (error) {
+    // Offline for a moment: the next round tries again.
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  if (document.getElementById("wh-dashboard")) setInterval(refreshDashboard, DASHBOARD_REFRESH_MS);
+});
+
+// The hourly chart's figures on hover (and on tap, on phones).
+let tooltip = null;
+function showTip(event) {
+  const bar = event.target.closest(".wh-bar");
+  if (!bar) {
+    if (tooltip) tooltip.remove();
+    tooltip = null;
+    return;
+  }
+  if (!tooltip) {
+    tooltip = document.createElement("div");
+    tooltip.className = "wh-tooltip";
+    document.body.appendChild(tooltip);
+  }
+  tooltip.textContent = bar.dataset.tip;
+  tooltip.style.left = `${event.pageX + 12}px`;
+  tooltip.style.top = `${event.pageY - 28}px`;
+}
+document.addEventListener("mousemove", showTip);
+document.addEventListener("click", showTip);
