@@ -228,3 +228,11 @@ def test_events_are_found_by_provider_id_and_show_their_receipts(alice, client):
     )
     page = admin.get(reverse("admin:deliveries_event_change", args=[event.pk])).content.decode()
     assert "3 times" in page
+
+
+def test_the_entrypoint_list_shows_only_ones_own(alice, bob):
+    mine, *_ = world(alice, "mine")
+    world(bob, "theirs")
+    response = client_for(alice).get(reverse("admin:deliveries_entrypoint_changelist"))
+    assert response.status_code == 200
+    assert [e.webhook for e in response.context["cl"].result_list] == [mine]
