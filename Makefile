@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # test and benchmark tools come with `make test` and `make bench`.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench bench-admin clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(INSTALLED)-bench
 	@command -v wrk >/dev/null && command -v nginx >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nginx-light)
 	$(PY) bench/run.py
+
+# The admin's pages on 500 000 events, 1 000 000 deliveries and 2 000 000 attempts
+# (ADMIN_BENCH_SCALE=0.1 for a tenth; BENCH_DATABASES=sqlite for SQLite alone).
+bench-admin: $(INSTALLED)-bench
+	$(PY) bench/admin_scale.py
 
 clean:
 	rm -rf $(VENV) .pytest-data

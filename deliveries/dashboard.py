@@ -7,8 +7,8 @@ handful of rows: the page must stay fast on a history of millions.
 
 import datetime
 
-from django.db.models import Avg, Count, Q
-from django.db.models.functions import TruncHour
+from django.db.models import Avg, CharField, Count, Q
+from django.db.models.functions import Cast, Substr
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
@@ -19,28 +19,40 @@ HOURS = 24
 
 
 def status_counts(deliveries, since):
-    rows = deliveries.filter(updated_at__gte=since).values("status").annotate(n=Count("id"))
-    counts = {status: 0 for status in Delivery.Status.values}
-    counts.update({row["status"]: row["n"] for row in rows})
-    return counts
+    # One pass over delivery_updated_status_idx's range of the day, which holds
+    # every column read. (A GROUP BY status would lead the planner to walk
+    # delivery_status_idx, every delivery ever made, to save itself a sort.)
+    return deliveries.filter(updated_at__gte=since).aggregate(
+        **{status: Count("status", filter=Q(status=status)) for status in Delivery.Status.values}
+    )
 
 
 def hourly(deliveries, now):
     """Delivered and failed deliveries per hour, oldest first, as SVG bar geometry."""
+    now = now.astimezone(datetime.UTC)
     start = (now - datetime.timedelta(hours=HOURS - 1)).replace(minute=0, second=0, microsecond=0)
+    # Grouped by hour alone, on the day's range of delivery_updated_status_idx
+    # (see status_counts()).
     rows = (
-        deliveries.filter(updated_at__gte=start, status__in=Delivery.FINISHED)
-        .annotate(hour=TruncHour("updated_at"))
-        .values("hour", "status")
-        .annotate(n=Count("id"))
+        deliveries.filter(updated_at__gte=start)
+        # "YYYY-MM-DD HH" of the UTC time as stored (both databases talk UTC to
+        # Django): native string functions, where TruncHour is a Python function
+        # called per row on SQLite.
+        .annotate(hour=Substr(Cast("updated_at", CharField()), 1, 13))
+        .values("hour")
+        .annotate(
+            delivered=Count("status", filter=Q(status="delivered")),
+            failed=Count("status", filter=Q(status="failed")),
+        )
+        .order_by()
     )
     buckets = {
         start + datetime.timedelta(hours=h): {"delivered": 0, "failed": 0} for h in range(HOURS)
     }
     for row in rows:
-        hour = row["hour"]
+        hour = datetime.datetime.strptime(row["hour"], "%Y-%m-%d %H").replace(tzinfo=datetime.UTC)
         if hour in buckets:
-            buckets[hour][row["status"]] = row["n"]
+            buckets[hour] = {"delivered": row["delivered"], "failed": row["failed"]}
     peak = nice_ceiling(max([b["delivered"] + b["failed"] for b in buckets.values()] + [1]))
     width, height, gap, left = 24, 120, 4, 40
     bars = []
@@ -90,15 +102,24 @@ def nice_ceiling(value: int) -> int:
 def failing_targets(deliveries, targets, since, breakers, limit=5):
     """The targets with the most failed (24 h) and retrying deliveries, then those
     held by a pause or an open breaker, each with its breaker state."""
-    rows = list(
-        deliveries.filter(Q(status="failed", updated_at__gte=since) | Q(status="retrying"))
-        .values("target")
-        .annotate(
-            failed=Count("id", filter=Q(status="failed")),
-            retrying=Count("id", filter=Q(status="retrying")),
-        )
-        .order_by("-failed", "-retrying")[:limit]
+    # Two grouped queries, each on an index of its own, rather than one with an
+    # OR that reads every delivery.
+    failed = dict(
+        deliveries.filter(updated_at__gte=since, status="failed")
+        .values_list("target")
+        .annotate(n=Count("*"))
+        .order_by()
     )
+    retrying = dict(
+        deliveries.filter(status="retrying").values_list("target").annotate(n=Count("*")).order_by()
+    )
+    ranked = sorted(
+        failed.keys() | retrying.keys(), key=lambda t: (-failed.get(t, 0), -retrying.get(t, 0))
+    )
+    rows = [
+        {"target": t, "failed": failed.get(t, 0), "retrying": retrying.get(t, 0)}
+        for t in ranked[:limit]
+    ]
     ids = [r["target"] for r in rows]
     held = (
         targets.filter(Q(paused=True) | Q(pk__in=list(breakers)))

@@ -549,8 +549,18 @@ class Delivery(models.Model):
             # The admin's delivery list (newest first) filtered by status, and the
             # dashboard's counts by status.
             models.Index(fields=["status", "-id"], name="delivery_status_idx"),
-            # The dashboard's last-24-hours figures.
-            models.Index(fields=["updated_at"], name="delivery_updated_idx"),
+            # The dashboard's last-24-hours figures (counts by status, by hour, failed
+            # by target): one range of this index, which holds all they read.
+            models.Index(
+                fields=["updated_at", "status", "target"], name="delivery_updated_status_idx"
+            ),
+            # A target's deliveries in one status, recently changed: the webhook
+            # list's failed and retrying counts, "redeliver failed since".
+            models.Index(
+                fields=["target", "status", "updated_at"], name="delivery_target_status_idx"
+            ),
+            # The delivery list sorted by attempts (the admin's tie-breaker is -id).
+            models.Index(fields=["attempts", "id"], name="delivery_attempts_idx"),
             # A target's deliveries newest first (admin filter), cascades on delete.
             models.Index(fields=["target", "-id"], name="delivery_target_idx"),
             # Recovery: at start every pending/retrying delivery; on a tick the
