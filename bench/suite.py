@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The processes start as the end-to-end tests start them (tests/processes.py).
-from bench import edge  # noqa: E402
+from bench import edge, scaleout  # noqa: E402
 from tests.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
@@ -479,6 +479,17 @@ def main():
         figures["e2e_load_p99_ms"] = percentile(load, 99)
         engine.stop()
         engine = None
+
+        # --- many engines on one database (PostgreSQL; bench/scaleout.py) -------
+        from django.db import connection
+
+        if connection.vendor == "postgresql":
+            log("scale-out: 1, 2 and 4 engines, 50 ms and instant receivers; failover")
+            figures.update(
+                scaleout.run(
+                    data_dir, webhook, sink, SECONDS, backlog, drained_rate, wait_delivered
+                )
+            )
 
         # --- memory ---------------------------------------------------------------
         log("engine memory with 10 000 tasks queued")

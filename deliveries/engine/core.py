@@ -218,7 +218,8 @@ class Engine:
             backlog = in_partitions(
                 Delivery.objects.filter(status=Delivery.Status.PENDING), taken, count
             )
-            for target_id in backlog.values_list("target_id", flat=True).distinct():
+            targets = backlog.order_by().values_list("target_id", flat=True).distinct()
+            for target_id in targets:
                 self.overflow.note(target_id, 0)
             self.wake_event.set()
         return dispatched

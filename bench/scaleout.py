@@ -1,0 +1,179 @@
+"""Scale-out figures (PostgreSQL): delivery throughput with 1, 2 and 4 engines
+against a receiver that answers after 50 ms and against the instant one (nginx),
+and the failover time when one of three engines is killed.
+
+Called by bench/suite.py inside its Django process; the engines are real
+`rundelivery` processes (tests/processes.py), as `manage.py serve --engines N`
+starts them.
+"""
+
+import signal
+import subprocess
+import sys
+
+from django.db import connection
+from django.utils import timezone
+
+from deliveries import wake
+from deliveries.engine.partitions import fair_share, lock_holders
+from tests.processes import ROOT, free_port, start_engine, wait_until
+
+# The latency-bound receiver: real receivers take tens of milliseconds.
+SLOW_SECONDS = 0.05
+ENGINES = (1, 2, 4)
+
+
+class SlowSink:
+    def __init__(self, delay: float):
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "slowsink.py"), str(self.port), str(delay)]
+        )
+        wait_until(self._up, timeout=30, message="the slow sink")
+
+    def _up(self):
+        import socket
+
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def url(self, path="/"):
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def holders() -> dict:
+    with connection.cursor() as cursor:
+        return lock_holders(cursor)
+
+
+def balanced(n: int, count: int) -> bool:
+    """Every partition held, by `n` engines, none above its fair share."""
+    found = holders()
+    if set(found) != set(range(count)) or any(len(p) != 1 for p in found.values()):
+        return False
+    per_engine = {}
+    for pids in found.values():
+        per_engine[pids[0]] = per_engine.get(pids[0], 0) + 1
+    return len(per_engine) == n and max(per_engine.values()) <= fair_share(count, n)
+
+
+def start_engines(data_dir, n: int, count: int, **env):
+    engines = [start_engine(data_dir, verbosity=0, **env) for _ in range(n)]
+    wait_until(lambda: balanced(n, count), timeout=120, message=f"{n} engines sharing")
+    return engines
+
+
+def targets_for(webhook, url: str, count: int):
+    """One target per partition (consecutive ids), all pointing at `url`."""
+    from deliveries.models import Target
+
+    return [
+        Target.objects.create(webhook=webhook, name=f"p{i}", type="http", config={"url": url})
+        for i in range(count)
+    ]
+
+
+def spread_backlog(backlog, webhook, targets, n):
+    """n deliveries spread evenly over the targets (backlog: suite.backlog), then
+    the wake hint, as the inbound view sends it."""
+    ids = []
+    per = max(1, n // len(targets))
+    for target in targets:
+        ids += backlog(webhook, target, per)
+    with connection.cursor() as cursor:
+        cursor.execute(f"NOTIFY {wake.CHANNEL}")
+    return ids
+
+
+def throughput(data_dir, webhook, targets, backlog, drained_rate, wait_delivered, n, engines):
+    """Deliveries/s of `engines` engines draining a backlog of n over the targets."""
+    from deliveries.models import Delivery
+
+    count = len(targets)
+    running = start_engines(data_dir, engines, count)
+    try:
+        ids = spread_backlog(backlog, webhook, targets, n)
+        wait_delivered(ids, 900)
+        return drained_rate(ids)
+    finally:
+        for engine in running:
+            engine.stop(signal.SIGTERM, timeout=120)
+        Delivery.objects.filter(target__in=targets).delete()
+
+
+def failover(data_dir, webhook, targets, backlog, wait_delivered):
+    """Seconds from kill -9 of one of three engines to the first delivery in one of
+    its partitions by another: one delivery per target is stored right after the
+    kill, so the figure is the handover itself (the lock released with the dead
+    connection, the next rebalance, the take's recovery, one attempt), not the wait
+    behind a backlog the survivors already hold."""
+    from deliveries.models import Delivery, DeliveryResult
+
+    count = len(targets)
+    running = start_engines(data_dir, 3, count)
+    victim = running[0]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s",
+                [f"webhooker engine %:{victim.pid}:%"],
+            )
+            lock_pid = cursor.fetchone()[0]
+        theirs = {p for p, pids in holders().items() if pids == [lock_pid]}
+        their_targets = [t.pk for t in targets if t.pk % count in theirs]
+        killed_at = timezone.now()
+        victim.send(signal.SIGKILL)
+        victim.wait()
+        ids = spread_backlog(backlog, webhook, targets, count)
+        first = wait_until(
+            lambda: (
+                DeliveryResult.objects.filter(target_id__in=their_targets)
+                .order_by("created_at")
+                .values_list("created_at", flat=True)
+                .first()
+            ),
+            timeout=120,
+            interval=0.01,
+            message="another engine delivering the dead one's partitions",
+        )
+        wait_delivered(ids, 300)
+        return (first - killed_at).total_seconds()
+    finally:
+        for engine in running:
+            engine.stop(signal.SIGTERM, timeout=120)
+        Delivery.objects.filter(target__in=targets).delete()
+
+
+def run(data_dir, webhook_factory, nginx, seconds, backlog, drained_rate, wait_delivered):
+    """Every scale-out figure, as {name: value}."""
+    from django.conf import settings
+
+    count = settings.DELIVERY_PARTITIONS
+    figures = {}
+    slow = SlowSink(SLOW_SECONDS)
+    try:
+        for label, url, per_engine_rate in (
+            ("slow", slow.url("/slow"), 200),
+            ("instant", nginx.url("/scaleout"), 1000),
+        ):
+            hook = webhook_factory(f"scaleout-{label}")
+            targets = targets_for(hook, url, count)
+            for engines in ENGINES:
+                # About `seconds` of work for the engines, whatever their number.
+                n = int(max(count * 10, per_engine_rate * engines * seconds))
+                rate = throughput(
+                    data_dir, hook, targets, backlog, drained_rate, wait_delivered, n, engines
+                )
+                figures[f"scaleout_{label}_{engines}_rps"] = rate
+            if label == "slow":
+                figures["scaleout_ratio_4"] = (
+                    figures["scaleout_slow_4_rps"] / figures["scaleout_slow_1_rps"]
+                )
+                figures["failover_s"] = failover(data_dir, hook, targets, backlog, wait_delivered)
+    finally:
+        slow.stop()
+    return figures
