@@ -80,6 +80,20 @@ def test_an_engine_claims_and_attempts_only_in_its_partitions(entrypoint, make_t
     assert len(sink.requests("/b")) == 3 and engine.inflight.held() == 0
 
 
+def test_a_taken_partitions_backlog_past_the_channels_room_is_read_later(
+    entrypoint, make_target, sink
+):
+    a, b = two_targets(make_target, sink)
+    engine = make_engine(partitions=Partitions(2, held={a.pk % 2}), channel_size=2)
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=6)
+    pump(engine, until=lambda: statuses(a) == ["delivered"] * 6)
+    assert engine.take_partitions([b.pk % 2]) == 2  # the channel's room
+    assert b.pk in engine.overflow
+    pump(engine, until=lambda: statuses(b) == ["delivered"] * 6)
+    assert len(sink.requests("/b")) == 6 and engine.inflight.held() == 0
+
+
 def test_draining_lets_go_of_waiting_work_and_waits_for_the_running_attempt(
     entrypoint, make_target, sink
 ):
