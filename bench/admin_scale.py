@@ -46,8 +46,29 @@ def log(message):
 # --- the driver: one worker process per database ---------------------------------
 
 
+# A database of its own: `make bench` may be using webhooker_bench meanwhile.
+PG_NAME = "webhooker_admin_bench"
+
+
+def pg_url():
+    from bench.run import PG_ADMIN
+
+    return PG_ADMIN.rsplit("/", 1)[0] + "/" + PG_NAME
+
+
+def fresh_pg_database():
+    import psycopg
+
+    from bench.run import PG_ADMIN
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {PG_NAME} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {PG_NAME}")
+    return pg_url()
+
+
 def main():
-    from bench.run import PG_ADMIN, fresh_pg_database
+    from bench.run import PG_ADMIN
 
     wanted = os.environ.get("BENCH_DATABASES", "")
     databases = wanted.split(",") if wanted else ["sqlite", "pg"]
@@ -62,9 +83,9 @@ def main():
         env["DATA_DIR"] = str(data_dir)
         if database == "pg":
             try:
-                env["DATABASE_URL"] = (
-                    os.environ["ADMIN_BENCH_PG_URL"] if keep else fresh_pg_database()
-                )
+                # Kept (ADMIN_BENCH_KEEP): the database built by an earlier run.
+                reuse = keep and (data_dir / "built").exists()
+                env["DATABASE_URL"] = pg_url() if reuse else fresh_pg_database()
             except Exception as exc:  # no server: SQLite's figures still stand
                 log(f"PostgreSQL at {PG_ADMIN} not usable ({exc}); skipped")
                 continue
@@ -264,6 +285,7 @@ def build(scale: float):
                     f"(SELECT max(id) FROM {table}))"
                 )
         cursor.execute("ANALYZE")
+    (Path(os.environ["DATA_DIR"]) / "built").touch()
     log(f"built in {time.monotonic() - started:.0f} s")
 
 

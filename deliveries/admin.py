@@ -645,7 +645,7 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         where = request.GET.get("search_in")
         if where in ("headers", "payload"):
             found, reach = search.scan(queryset, term, where)
-            request.wh_search_scan = {"where": where, "scan": reach, "limit": SCAN_ROWS}
+            request.wh_search_scan = {"where": where, "scan": reach}
             return found, False
         return search.find(queryset, term), False
 

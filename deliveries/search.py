@@ -71,15 +71,18 @@ class Scan:
     looked: int
     oldest: datetime.datetime | None
     newest: datetime.datetime | None
+    limit: int
 
     @property
     def capped(self) -> bool:
-        return self.looked >= SCAN_ROWS
+        """Whether older events were left unread."""
+        return self.looked >= self.limit
 
 
-def scan(events, term: str, where: str, limit: int = SCAN_ROWS):
-    """(matching events, Scan) among the `limit` newest of `events`; `where` is
-    "payload" (the body's bytes) or "headers" (names and values, any case)."""
+def scan(events, term: str, where: str, limit: int | None = None):
+    """(matching events, Scan) among the `limit` (SCAN_ROWS) newest of `events`;
+    `where` is "payload" (the body's bytes) or "headers" (names and values, any case)."""
+    limit = limit or SCAN_ROWS
     window = events.order_by("-received_at", "-id").values("pk")[:limit]
     bounded = events.filter(pk__in=window)
     reach = bounded.aggregate(
@@ -91,4 +94,4 @@ def scan(events, term: str, where: str, limit: int = SCAN_ROWS):
         found = bounded.annotate(headers_text=Cast("headers", TextField())).filter(
             headers_text__icontains=term
         )
-    return found, Scan(reach["looked"], reach["oldest"], reach["newest"])
+    return found, Scan(reach["looked"], reach["oldest"], reach["newest"], limit)
