@@ -180,3 +180,13 @@ def test_the_webhook_page_has_no_view_on_site_link_to_a_post_only_url(alice):
     code = str(hook.entrypoints.get().code)
     assert f'href="/webhook/{code}"' not in body
     assert "/r/" not in body  # the admin's view-on-site redirect
+
+
+def test_logging_in_on_the_login_page_itself_lands_on_the_dashboard(alice):
+    from django.test import Client
+
+    response = Client().post(
+        reverse("admin:login"), {"username": "alice", "password": "pw-alice-12345!"}
+    )
+    assert response.status_code == 302
+    assert response["Location"] == reverse("admin:index")

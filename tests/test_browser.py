@@ -1,4 +1,9 @@
-"""A real browser builds a webhook in the admin and watches its delivery arrive.
+"""A real browser walks the console's whole journey, on a desktop and on a phone.
+
+Create a webhook with two targets, send events, find one by its provider id and
+one by payload text, open a failed delivery, Retry now, and watch it turn
+delivered on the dashboard, which refreshes itself. Screenshots of every step go
+to tests/artifacts/<width>-<step>.png; at 390 px no page scrolls sideways.
 
 Chromium comes from Debian's package (.ci/run installs it), driven by Playwright's
 Python package; Playwright's own browser download is never used.
@@ -13,7 +18,7 @@ import requests
 from django.conf import global_settings
 from django.contrib.auth.models import User
 
-from deliveries.models import Delivery, Webhook
+from deliveries.models import Delivery, Entrypoint, Webhook
 from tests.processes import start_engine, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -30,6 +35,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
 
 
 @pytest.fixture
@@ -47,80 +53,128 @@ def browser(monkeypatch):
         browser.close()
 
 
-def test_build_a_webhook_in_the_browser_and_see_it_delivered(browser, sink, data_dir, settings):
+class Journey:
+    """The page, plus a screenshot and a no-sideways-scroll check at every step."""
+
+    def __init__(self, page, base, width):
+        self.page, self.base, self.width = page, base, width
+
+    def go(self, path):
+        self.page.goto(self.base + path)
+
+    def step(self, name):
+        self.page.screenshot(path=str(ARTIFACTS / f"{self.width}-{name}.png"), full_page=True)
+        if self.width < 500:
+            scroll = self.page.evaluate("document.documentElement.scrollWidth")
+            assert scroll <= self.width, f"{name}: the page is {scroll} px wide"
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS))
+def test_the_console_journey(viewport, browser, sink, data_dir, settings):
+    width, height = VIEWPORTS[viewport]
     # The gunicorn process checks the password with the real hashers.
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
     User.objects.create_superuser("admin", password="browser-pw-123!")
-    env = {"DELIVERY_POLL_INTERVAL": "0.2"}
+    # A failed attempt waits a minute for its retry: long enough that only the
+    # Retry now button can bring it forward within the test.
+    env = {"DELIVERY_POLL_INTERVAL": "0.2", "DELIVERY_BACKOFF_BASE": "60"}
     web, base = start_web(data_dir, workers=1, **env)
     engine = start_engine(data_dir, **env)
     ARTIFACTS.mkdir(exist_ok=True)
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page(viewport={"width": width, "height": height})
     page.set_default_timeout(20_000)
+    journey = Journey(page, base, width)
+    sink.respond("/flaky", 503)  # the second target fails once, then answers 200
     try:
-        page.goto(f"{base}/admin/login/")
+        journey.go("/admin/login/")
         page.fill("#id_username", "admin")
         page.fill("#id_password", "browser-pw-123!")
-        page.click("input[type=submit]")
+        page.click("[type=submit]")
         page.wait_for_selector("#wh-dashboard")
+        journey.step("1-dashboard")
 
-        page.goto(f"{base}/admin/deliveries/webhook/add/")
+        # A webhook with two targets, through the form.
+        journey.go("/admin/deliveries/webhook/add/")
         page.fill("#id_name", "From the browser")
-        page.click("#targets-group .add-row a")
-        page.fill("#id_targets-0-name", "sink")
-        page.select_option("#id_targets-0-type", "http")
-        page.fill("#id_targets-0-url", sink.url("/browser"))
-        page.fill("#id_targets-0-max_retries", "3")
-        page.click("input[name=_continue]")
+        for n, (name, path) in enumerate([("steady", "/steady"), ("flaky", "/flaky")]):
+            page.click("#targets-group a.add-row")
+            page.fill(f"#id_targets-{n}-name", name)
+            page.select_option(f"#id_targets-{n}-type", "http")
+            page.fill(f"#id_targets-{n}-url", sink.url(path))
+            page.fill(f"#id_targets-{n}-max_retries", "3")
+        journey.step("2-webhook-form")
+        page.click("[name=_continue]")
         page.wait_for_selector(".wh-url")
         inbound = page.inner_text(".wh-url")
-
         hook = Webhook.objects.get(name="From the browser")
         assert inbound == f"{base}/webhook/{hook.entrypoints.get().code}"
-        response = requests.post(inbound, json={"from": "test"}, timeout=10)
-        assert response.status_code == 200
-        event_code = response.json()["event"]
+        journey.step("3-webhook")
 
-        page.goto(f"{base}/admin/deliveries/delivery/")
-        for _ in range(100):
-            if page.locator("#result_list .wh-badge", has_text="delivered").count():
-                break
-            page.wait_for_timeout(200)
-            page.reload()
-        assert page.locator("#result_list .wh-badge", has_text="delivered").count() == 1
-        assert event_code in page.inner_text("#result_list")
-
-        delivery = Delivery.objects.get()
-        page.goto(f"{base}/admin/deliveries/delivery/{delivery.pk}/change/")
-        assert "200" in page.inner_text(".inline-group")
-        page.screenshot(path=str(ARTIFACTS / "delivery.png"), full_page=True)
-
-        page.goto(f"{base}/admin/deliveries/event/{delivery.event_id}/change/")
-        assert '"from": "test"' in page.inner_text(".wh-body")
-        page.screenshot(path=str(ARTIFACTS / "event.png"), full_page=True)
-
-        page.goto(f"{base}/admin/")
-        assert page.inner_text("#wh-count-delivered") == "1"
-        assert "running" in page.inner_text("#wh-engine")
-        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
-
-        # Redeliver it from the list: the running engine is woken and sends it again.
-        page.goto(f"{base}/admin/deliveries/delivery/")
-        page.check("#result_list input.action-select")
-        page.select_option("select[name=action]", "redeliver")
-        page.click("button[name=index]")
-        assert "Queued 1 deliveries for redelivery." in page.inner_text(".messagelist")
-        sink.wait_for(2, "/browser", timeout=20)
+        # Events: the sender's id read from X-GitHub-Delivery.
+        Entrypoint.objects.filter(webhook=hook).update(dedup_source="header:X-GitHub-Delivery")
+        sent = {}
+        for n, customer in enumerate(["cus_alpha", "cus_needle", "cus_omega"]):
+            response = requests.post(
+                inbound,
+                json={"customer": customer},
+                headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": f"gh-{n}"},
+                timeout=10,
+            )
+            assert response.status_code == 200
+            sent[customer] = response.json()["event"]
+        sink.wait_for(3, "/steady", timeout=20)
         wait_until(
-            lambda: Delivery.objects.filter(status="delivered", attempts=2).exists(),
-            message="the redelivery recorded",
+            lambda: Delivery.objects.filter(target__name="flaky", status="retrying").count() == 1,
+            message="the flaky target's first event retrying",
         )
-        assert delivery.results.count() == 2
+
+        # Find one by its provider id, one by payload text.
+        journey.go("/admin/deliveries/event/")
+        page.fill("#searchbar", "gh-1")
+        page.keyboard.press("Enter")
+        page.wait_for_url("**q=gh-1**")
+        listed = page.inner_text("#result_list")
+        assert sent["cus_needle"][:8] in listed and sent["cus_alpha"][:8] not in listed
+        journey.step("4-found-by-provider-id")
+        journey.go("/admin/deliveries/event/?search_in=payload&q=cus_omega")
+        assert "Searched the payload of the 3 newest events" in page.inner_text("#wh-search-note")
+        listed = page.inner_text("#result_list")
+        assert sent["cus_omega"][:8] in listed and sent["cus_needle"][:8] not in listed
+        assert "push" in listed
+        journey.step("5-found-by-payload")
+
+        # The first event: its deliveries first, the flaky one waiting for a retry.
+        first = sent["cus_alpha"]
+        journey.go(f"/admin/deliveries/event/?q={first[:8]}")
+        page.click(f"#result_list a:text('{first[:8]}')")
+        page.wait_for_selector(".wh-table")
+        assert "retrying" in page.inner_text(".wh-table").lower()
+        journey.step("6-event")
+        page.click(".wh-table a:text('flaky')")
+        page.wait_for_selector(".wh-attempt")
+        assert "Response 503" in page.inner_text(".wh-attempt")
+        journey.step("7-delivery")
+
+        # Retry now, then watch the dashboard, which refreshes itself.
+        page.click("button:text('Retry now')")
+        assert "It will be attempted now." in page.inner_text("body")
+        journey.go("/admin/")
+        # A mark on the page that a reload would wipe: the figures change under it.
+        page.evaluate("window.stayed = document.getElementById('wh-dashboard').dataset.updated")
+        page.wait_for_function(
+            "document.getElementById('wh-dashboard').dataset.updated !== window.stayed"
+            " && document.getElementById('wh-count-delivered').textContent.trim() === '6'",
+            timeout=30_000,
+        )
+        assert "running" in page.inner_text("#wh-engine")
+        journey.step("8-dashboard-delivered")
+        flaky = Delivery.objects.get(target__name="flaky", event__code=first)
+        assert (flaky.status, flaky.attempts) == ("delivered", 2)
     except Exception:
-        page.screenshot(path=str(ARTIFACTS / "failure.png"), full_page=True)
+        page.screenshot(path=str(ARTIFACTS / f"{width}-failure.png"), full_page=True)
         raise
     finally:
         page.close()
         engine.stop()
         web.stop()
-    assert [r.body for r in sink.requests("/browser")] == [b'{"from": "test"}'] * 2
+    assert len(sink.requests("/flaky")) == 4  # 503, then 200 for all three

@@ -174,6 +174,9 @@ AUTHENTICATION_BACKENDS = [
 # Callables are named by path and called per request (deliveries/console.py): the
 # sidebar lists only what the user may see; the login throttling tables sit under
 # "Security", for superusers only.
+# Where a login without ?next= lands: unfold's login form, unlike Django's own,
+# carries no "next" field, and Django's default (/accounts/profile/) is no page here.
+LOGIN_REDIRECT_URL = "/admin/"
 UNFOLD = {
     "SITE_TITLE": "webhooker",
     "SITE_HEADER": "webhooker",
