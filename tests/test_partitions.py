@@ -232,3 +232,46 @@ def test_serve_refuses_several_engines_on_sqlite():
         pytest.skip("several engines are PostgreSQL's")
     with pytest.raises(CommandError, match="SQLite takes one engine per data directory"):
         call_command("serve", engines=2)
+
+
+def test_health_dashboard_and_metrics_show_every_engine_and_the_unheld_partitions(
+    admin_client, client
+):
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from deliveries.metrics import render
+    from deliveries.models import EngineStatus
+
+    now = timezone.now()
+    EngineCluster.objects.create(partitions=4)
+    for n, held in enumerate(([0], [1], [2])):
+        EngineStatus.objects.create(
+            name=f"host-{n}:{100 + n}:abc",
+            hostname=f"host-{n}",
+            pid=100 + n,
+            started_at=now,
+            heartbeat_at=now,
+            partitions=held,
+            busy_workers=n,
+            workers=10,
+        )
+    response = client.get("/.well-known/healthcheck")
+    assert response.status_code == 503
+    engine = response.json()["engine"]
+    assert engine["unheld_partitions"] == [3] and engine["partitions"] == 4
+    assert [(e["host"], e["pid"], e["partitions"]) for e in engine["engines"]] == [
+        ("host-0", 100, [0]),
+        ("host-1", 101, [1]),
+        ("host-2", 102, [2]),
+    ]
+    body = admin_client.get(reverse("admin:index")).content.decode()
+    assert "PID 100 on host-0" in body and "PID 102 on host-2" in body and "2 of 10" in body
+    assert "1 of 4 partitions held by no engine: 3" in body and "not running" in body
+    text = render().decode()
+    assert "webhooker_engines 3.0" in text and "webhooker_partitions_unheld 1.0" in text
+    assert "webhooker_engine_up 0.0" in text
+
+    EngineStatus.objects.filter(pid=102).update(partitions=[2, 3])
+    assert client.get("/.well-known/healthcheck").status_code == 200
+    assert "webhooker_engine_up 1.0" in render().decode()

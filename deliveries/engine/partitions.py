@@ -190,6 +190,9 @@ class PartitionManager:
         self._rebalance_at = 0.0
         self._lost_at = None  # clock time the lock connection was lost, while it is
         self._unrecovered: set[int] = set()  # locked, their recovery not yet run
+        # Called after the partitions held changed (the runner writes the heartbeat,
+        # so the dashboard and the healthcheck see it now, not a beat later).
+        self.on_change = None
 
     # --- the connection -------------------------------------------------------------
 
@@ -238,6 +241,17 @@ class PartitionManager:
     # --- the loop -------------------------------------------------------------------
 
     def step(self) -> None:
+        before = self.partitions.held
+        try:
+            self._step()
+        finally:
+            if self.partitions.held != before and self.on_change is not None:
+                try:
+                    self.on_change()
+                except Exception:
+                    logger.warning("could not record the partitions held", exc_info=True)
+
+    def _step(self) -> None:
         now = self.clock()
         if self.conn is None:
             if now < self._retry_at:

@@ -154,6 +154,7 @@ class Runner:
         )
         self.partitions = None
         if manager is not None:
+            manager.on_change = self.beat
             self.partitions = Every(
                 "partitions", manager.step, stop_event=stop, interval=manager.TICK, first=0
             )
