@@ -181,14 +181,13 @@ class PartitionManager:
         self._connect = connect
         self.clock = clock
         self.conn = None
-        # The member lock's key, and the lock connection's backend pid (shown in the
-        # heartbeat row so an operator can match pg_locks to engines).
+        # The member lock's key, and the lock connection's backend pid (logged).
         self.member = random.randint(1, 2**31 - 1)
         self.backend_pid = None
         self._backoff = self.BACKOFF_FIRST
         self._retry_at = 0.0
         self._rebalance_at = 0.0
-        self._lost_at = None  # clock time the lock connection was lost, while it is
+        self._lost_at = None  # when the lock connection was lost; None while it stands
         self._unrecovered: set[int] = set()  # locked, their recovery not yet run
         # Called after the partitions held changed (the runner writes the heartbeat,
         # so the dashboard and the healthcheck see it now, not a beat later).
