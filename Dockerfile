@@ -9,7 +9,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     WEBHOOKER_ENVIRONMENT=prod \
     WEBHOOKER_BIND=0.0.0.0:8080 \
-    DATA_DIR=/data
+    DATA_DIR=/data \
+    SECURE_SSL_REDIRECT=false
+# TLS ends at the proxy in front of the container (which redirects http itself);
+# inside, the healthcheck below speaks plain HTTP and must get its 200, not a redirect.
 
 WORKDIR /app
 COPY . .
