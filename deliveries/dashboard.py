@@ -139,7 +139,11 @@ def failing_targets(deliveries, targets, since, breakers, limit=5):
 def slowest_targets(targets, since, limit=5):
     """The targets whose attempts took longest on average over the window."""
     rows = (
-        DeliveryResult.objects.filter(target__in=targets, created_at__gte=since)
+        # The ids as a list: PostgreSQL turned a subquery into a scan of every
+        # result; a list reads result_target_created_idx per target.
+        DeliveryResult.objects.filter(
+            target__in=list(targets.values_list("pk", flat=True)), created_at__gte=since
+        )
         .values("target")
         .annotate(avg_ms=Avg("duration_ms"), attempts=Count("id"))
         .order_by("-avg_ms")[:limit]
