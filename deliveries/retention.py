@@ -24,7 +24,6 @@ import time
 from collections import Counter
 
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, Event, Webhook
@@ -53,9 +52,11 @@ def prune_events(*, now=None, batch=BATCH, stop: threading.Event | None = None) 
             cutoff = now - datetime.timedelta(days=days)
         except OverflowError:  # longer than the calendar: nothing is old enough
             continue
-        expired = Event.objects.filter(webhook_id=webhook_id, received_at__lt=cutoff).exclude(
-            Exists(Delivery.objects.filter(event=OuterRef("pk"), status__in=Delivery.UNFINISHED))
-        )
+        # Candidates only: events still on their way are skipped by _delete, which
+        # looks under lock. Left out of this query, that check cannot turn it into
+        # an anti-join, which PostgreSQL with stale statistics (right after a bulk
+        # load) ran at ~0.7 ms per old event: 11 s a batch.
+        expired = Event.objects.filter(webhook_id=webhook_id, received_at__lt=cutoff)
         after = 0
         while True:
             # Chosen outside the write transaction: on SQLite a read does not hold
