@@ -174,3 +174,29 @@ def test_once_delivers_what_is_outstanding_and_exits(entrypoint, make_target, si
     engine.stop()
     assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
     assert len(sink.requests("/once")) == 25
+
+
+def test_serve_restarts_an_engine_that_dies_and_keeps_the_web_side(entrypoint, data_dir):
+    port = free_port()
+    env = process_env(data_dir, WEBHOOKER_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY=1)
+    serve = Process([sys.executable, "manage.py", "serve"], env, data_dir / "serve.log")
+    url = f"http://127.0.0.1:{port}/webhook/{entrypoint.code}"
+    try:
+        wait_answering(f"http://127.0.0.1:{port}/admin/login/", serve)
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
+        )
+        first = EngineStatus.objects.get(stopped_at=None).pid
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "engine-0 started again" in serve.log(), message="the restart")
+        assert f"engine-0 exited with code -{int(signal.SIGKILL)}" in serve.log()
+        wait_until(
+            lambda: EngineStatus.objects.exclude(pid=first).filter(stopped_at=None).exists(),
+            message="the new engine's heartbeat",
+        )
+        assert requests.post(url, json={}, timeout=30).status_code == 200
+        assert serve.popen.poll() is None
+        serve.send(signal.SIGINT)
+        assert serve.wait(60) == 0, serve.log()
+    finally:
+        serve.stop(signal.SIGKILL)
