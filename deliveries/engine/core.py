@@ -228,16 +228,19 @@ class Engine:
         """Hand these partitions over: claim nothing more in them, and let go of their
         waiting tasks (drain_partition); running attempts finish."""
         self.partitions.start_drain(partitions)
-        for p in partitions:
-            self.drain_partition(p)
+        self.drain_partitions(partitions)
 
     def drain_partition(self, p: int) -> bool:
-        """Let go of what the engine holds of partition `p` and is not running; True
-        once nothing of it is held (every result committed): it may be unlocked."""
-        count = self.partitions.count
+        return bool(self.drain_partitions([p]))
+
+    def drain_partitions(self, partitions) -> list:
+        """Let go of what the engine holds of these partitions and is not running;
+        return those of which nothing is held any more (every result committed):
+        they may be unlocked."""
+        count, draining = self.partitions.count, frozenset(partitions)
 
         def ours(target_id):
-            return target_id % count == p
+            return target_id % count in draining
 
         # A task whose result is not written yet stays: its attempt was sent, and
         # only its result, written here, keeps the next owner from sending it again.
@@ -247,7 +250,8 @@ class Engine:
         for task in waiting:
             self.release(task)  # rows keep their status; retrying ones their time
         self._forget_targets(ours)
-        return self.gate.held_where(ours) == 0
+        held = {target_id % count for target_id in self.gate.held_targets()}
+        return sorted(draining - held)
 
     def drop_partitions(self) -> frozenset:
         """The lock connection is gone, and every partition with it: stop attempting

@@ -42,10 +42,10 @@ class TargetGate:
         with self._lock:
             return self._held.get(target_id, 0)
 
-    def held_where(self, predicate) -> int:
-        """How many tasks are held for the targets `predicate(target_id)` accepts."""
+    def held_targets(self) -> list[int]:
+        """The targets of which the engine holds any task."""
         with self._lock:
-            return sum(n for target_id, n in self._held.items() if predicate(target_id))
+            return list(self._held)
 
     def enter(self, task) -> bool:
         """Take a worker slot for the task's target, or park the task and say False."""

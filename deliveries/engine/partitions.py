@@ -330,11 +330,11 @@ class PartitionManager:
     def hand_over_drained(self) -> list:
         """Unlock every draining partition the engine holds nothing of any more."""
         done = []
-        for p in sorted(self.partitions.draining()):
-            if self.engine.drain_partition(p):
-                self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
-                self.partitions.let_go([p])
-                done.append(p)
+        draining = self.partitions.draining()
+        for p in self.engine.drain_partitions(draining) if draining else ():
+            self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
+            self.partitions.let_go([p])
+            done.append(p)
         if done:
             logger.info("handed over partitions %s", done)
         return done
