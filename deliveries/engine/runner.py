@@ -256,6 +256,8 @@ class Runner:
         heartbeat.beat(self.engine.config.name, self.gauges())
 
     def prune(self) -> None:
+        if 0 not in self.engine.partitions.held:
+            return  # one engine prunes for all: the one holding partition 0
         removed = prune_events(stop=self.engine.stop_event)
         if removed:
             logger.info(
