@@ -107,6 +107,15 @@ class EngineCollector:
             for engine in coverage.engines:
                 each.add_metric([engine.name], getattr(engine, name))
             yield each
+        held = GaugeMetricFamily(
+            "webhooker_engine_partitions_held_by_engine",
+            "Partitions the engine holds (all of them: SQLite's one engine).",
+            labels=["engine"],
+        )
+        for engine in coverage.engines:
+            count = coverage.partitions if engine.partitions is None else len(engine.partitions)
+            held.add_metric([engine.name], count)
+        yield held
 
 
 def render() -> bytes:

@@ -271,6 +271,7 @@ def test_health_dashboard_and_metrics_show_every_engine_and_the_unheld_partition
     text = render().decode()
     assert "webhooker_engines 3.0" in text and "webhooker_partitions_unheld 1.0" in text
     assert "webhooker_engine_up 0.0" in text
+    assert 'webhooker_engine_partitions_held_by_engine{engine="host-1:101:abc"} 1.0' in text
 
     EngineStatus.objects.filter(pid=102).update(partitions=[2, 3])
     assert client.get("/.well-known/healthcheck").status_code == 200
