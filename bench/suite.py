@@ -437,7 +437,15 @@ def main():
             old,
             BODY,
         )
-        figures.update(edge.prune_during_ingest(port, path, BODY, max(2.0, SECONDS / 2)))
+        figures.update(
+            edge.prune_during_ingest(
+                port,
+                path,
+                BODY,
+                max(2.0, SECONDS / 2),
+                Event.objects.filter(webhook=prune_hook).count,
+            )
+        )
         Target.objects.filter(webhook=ingest_hook).update(active=False)
         from deliveries.models import Delivery
 

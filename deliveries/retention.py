@@ -92,9 +92,22 @@ def _delete(ids) -> Counter:
         ids = [i for i in ids if i not in busy]
         if not ids:
             return removed
-        removed["results"] += DeliveryResult.objects.filter(delivery__event_id__in=ids).delete()[0]
-        removed["deliveries"] += Delivery.objects.filter(event_id__in=ids).delete()[0]
-        removed["events"] += Event.objects.filter(id__in=ids).delete()[0]
+        # Plain DELETEs, children first: Django's delete() would load every row
+        # into Python to collect cascades, several times the CPU of the statements,
+        # on the cores the inbound view needs meanwhile. These three tables are the
+        # only ones pointing at events (tests/test_retention.py holds that); only
+        # quoted table names from model metadata are interpolated.
+        q = connection.ops.quote_name
+        event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
+        marks = ", ".join(["%s"] * len(ids))
+        with connection.cursor() as cursor:
+            children = f"SELECT id FROM {delivery} WHERE event_id IN ({marks})"  # noqa: S608
+            cursor.execute(f"DELETE FROM {result} WHERE delivery_id IN ({children})", ids)  # noqa: S608
+            removed["results"] += cursor.rowcount
+            cursor.execute(f"DELETE FROM {delivery} WHERE event_id IN ({marks})", ids)  # noqa: S608
+            removed["deliveries"] += cursor.rowcount
+            cursor.execute(f"DELETE FROM {event} WHERE id IN ({marks})", ids)  # noqa: S608
+            removed["events"] += cursor.rowcount
     return removed
 
 

@@ -85,3 +85,16 @@ def test_pruneevents_vacuum_switches_an_old_file_to_incremental(entrypoint, caps
     call_command("pruneevents", vacuum=True)
     assert "Vacuumed." in capsys.readouterr().out
     assert pragma("auto_vacuum") == 2
+
+
+def test_only_deliveries_and_results_point_at_what_retention_deletes():
+    """Retention deletes with plain statements, children first: a new table that
+    points at events, deliveries or results must be added there too."""
+    from deliveries.models import Delivery, DeliveryResult
+
+    def pointing_at(model):
+        return {(r.related_model, r.field.name) for r in model._meta.related_objects}
+
+    assert pointing_at(Event) == {(Delivery, "event")}
+    assert pointing_at(Delivery) == {(DeliveryResult, "delivery")}
+    assert pointing_at(DeliveryResult) == set()
