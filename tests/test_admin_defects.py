@@ -190,3 +190,12 @@ def test_logging_in_on_the_login_page_itself_lands_on_the_dashboard(alice):
     )
     assert response.status_code == 302
     assert response["Location"] == reverse("admin:index")
+
+
+def test_the_alert_url_needs_its_scheme_too(alice):
+    data = inline_data()
+    data["alert_url"] = "hooks.slack.com/services/x"
+    response = client_for(alice).post(reverse("admin:deliveries_webhook_add"), data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["alert_url"]
+    assert "http:// or https://" in " ".join(errors)
