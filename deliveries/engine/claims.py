@@ -83,6 +83,26 @@ class Claimer:
         self.inflight.release(task.delivery_id)
 
 
+# Task field -> the column it is read from, one row per claimed delivery.
+TASK_COLUMNS = {
+    "delivery_id": "id",
+    "status": "status",
+    "attempts": "attempts",
+    "next_attempt_at": "next_attempt_at",
+    "event_id": "event_id",
+    "event_code": "event__code",
+    "webhook_id": "event__webhook_id",
+    "target_id": "target_id",
+    "method": "event__method",
+    "headers": "event__headers",
+    "content_type": "event__content_type",
+    "body_size": "event__body_size",
+    "received_at": "event__received_at",
+    "query_string": "event__query_string",
+    "body": "inline_body",
+}
+
+
 def load_tasks(ids) -> list[Task]:
     tasks = []
     for start in range(0, len(ids), LOAD_CHUNK):
@@ -96,62 +116,15 @@ def load_tasks(ids) -> list[Task]:
                     output_field=BinaryField(),
                 )
             )
-            .values_list(
-                "id",
-                "status",
-                "attempts",
-                "next_attempt_at",
-                "event_id",
-                "event__code",
-                "event__webhook_id",
-                "target_id",
-                "event__method",
-                "event__headers",
-                "event__content_type",
-                "event__body_size",
-                "event__received_at",
-                "event__query_string",
-                "inline_body",
-            )
+            .values_list(*TASK_COLUMNS.values())
             .order_by("id")
         )
         for row in rows:
-            (
-                delivery_id,
-                status,
-                attempts,
-                next_attempt_at,
-                event_id,
-                event_code,
-                webhook_id,
-                target_id,
-                method,
-                headers,
-                content_type,
-                body_size,
-                received_at,
-                query_string,
-                body,
-            ) = row
-            tasks.append(
-                Task(
-                    delivery_id=delivery_id,
-                    status=status,
-                    next_attempt_at=next_attempt_at,
-                    event_id=event_id,
-                    event_code=event_code,
-                    webhook_id=webhook_id,
-                    target_id=target_id,
-                    attempts=attempts,
-                    method=method,
-                    headers=headers or [],
-                    content_type=content_type,
-                    body_size=body_size,
-                    received_at=received_at,
-                    query_string=query_string,
-                    body=bytes(body) if body is not None else None,
-                )
-            )
+            fields = dict(zip(TASK_COLUMNS, row, strict=True))
+            fields["headers"] = fields["headers"] or []
+            if fields["body"] is not None:
+                fields["body"] = bytes(fields["body"])
+            tasks.append(Task(**fields))
     return tasks
 
 
