@@ -13,6 +13,7 @@ absence of a sequential scan of the big tables; SQLite's by its SEARCH lines.
 """
 
 import datetime
+import re
 
 import pytest
 from django.db import connection
@@ -146,7 +147,9 @@ def test_dashboard_reads_the_days_range_of_one_index(history, superuser):
         text = plan(sql)
         no_full_scan(text)
         if connection.vendor == "postgresql":
-            assert "delivery_updated_status_idx" in text or "delivery_target_status_idx" in text
+            # Which delivery index PostgreSQL picks for a test's few rows varies
+            # (status, updated_at, target); that it reads one, never the table, does not.
+            assert re.search(r"Index (Only )?Scan (using|on) delivery_", text), text
         else:
             uses("SEARCH deliveries_delivery USING COVERING INDEX", text)
 
