@@ -221,22 +221,11 @@ def old_events(webhook, targets, n, body):
 
     from django.utils import timezone
 
-    from deliveries.models import Delivery, DeliveryResult, Event
+    from bench.data import event_batches
+    from deliveries.models import Delivery, DeliveryResult
 
     then = timezone.now() - datetime.timedelta(days=webhook.retention_days + 1)
-    for start in range(0, n, 1000):
-        events = Event.objects.bulk_create(
-            Event(
-                webhook=webhook,
-                method="POST",
-                body=body,
-                body_size=len(body),
-                content_type="application/json",
-                headers=[["Content-Type", "application/json"]],
-                received_at=then,
-            )
-            for _ in range(min(1000, n - start))
-        )
+    for events in event_batches(webhook, n, body, then):
         deliveries = Delivery.objects.bulk_create(
             Delivery(
                 event=e, target=t, status="delivered", attempts=2, created_at=then, updated_at=then

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The processes start as the end-to-end tests start them (tests/processes.py).
-from bench import edge, scaleout  # noqa: E402
+from bench import data, edge, scaleout  # noqa: E402
 from tests.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
@@ -234,23 +234,11 @@ def backlog(webhook, target, n):
     """n events with 1 KiB bodies, each with a pending delivery to `target`."""
     from django.utils import timezone
 
-    from deliveries.models import Delivery, Event
+    from deliveries.models import Delivery
 
     now = timezone.now()
     created = []
-    for start in range(0, n, 1000):
-        events = Event.objects.bulk_create(
-            Event(
-                webhook=webhook,
-                method="POST",
-                body=BODY,
-                body_size=len(BODY),
-                content_type="application/json",
-                headers=[["Content-Type", "application/json"]],
-                received_at=now,
-            )
-            for _ in range(min(1000, n - start))
-        )
+    for events in data.event_batches(webhook, n, BODY, now):
         created += Delivery.objects.bulk_create(
             Delivery(event=e, target=target, created_at=now, updated_at=now) for e in events
         )
