@@ -4,12 +4,11 @@ import uuid
 
 from django.conf import settings
 from django.db import transaction
-from django.http import HttpResponseNotAllowed, JsonResponse
-from django.shortcuts import get_object_or_404
+from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from deliveries import ingest
-from deliveries.models import Delivery, Entrypoint
+from deliveries.models import Delivery
 from deliveries.request_body import read_body
 from deliveries.views import request_headers
 
@@ -30,7 +29,9 @@ def celery_receive(request, code):
     """The usual Django alternative: store, then hand each delivery to Celery."""
     from bench.celery_app import deliver
 
-    entrypoint = get_object_or_404(Entrypoint, code=code)
+    entrypoint = ingest.find_entrypoint(code)
+    if entrypoint is None:
+        raise Http404("No such entrypoint.")
     body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
     stored = ingest.store_event(
         entrypoint,

@@ -33,36 +33,60 @@ def _unavailable_is_503(view):
             return view(request, *args, **kwargs)
         except OperationalError as exc:
             logger.warning("inbound event not stored, database unavailable: %s", exc)
-            response = JsonResponse(
-                {"error": "temporarily unable to store events, retry later"}, status=503
-            )
-            response["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
-            # Logged once, above: Django would log every 5xx a second time.
-            response._has_been_logged = True
-            return response
+            return _unavailable("temporarily unable to store events, retry later")
 
     return wrapper
+
+
+def _unavailable(message):
+    response = JsonResponse({"error": message}, status=503)
+    response["Retry-After"] = str(UNAVAILABLE_RETRY_AFTER)
+    # Logged by the caller if at all: Django would log every 5xx a second time.
+    response._has_been_logged = True
+    return response
+
+
+# Times the inbound view decides again when its entrypoint changed under it.
+ENTRYPOINT_READS = 3
 
 
 @csrf_exempt
 @_unavailable_is_503
 def receive(request, code):
-    """POST /webhook/<code>: store the event and its deliveries, then answer."""
+    """POST /webhook/<code>: store the event and its deliveries, then answer.
+
+    The entrypoint may come from this process's memory (ingest.find_entrypoint):
+    whatever is decided on it is decided again on a fresh read when storing finds
+    it changed, and before a verification failure is answered.
+    """
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     entrypoint = ingest.find_entrypoint(code)
-    if entrypoint is None:
-        raise Http404("No such entrypoint.")
-    if not entrypoint.active:
-        return JsonResponse({"error": "this entrypoint is inactive"}, status=410)
-    try:
-        body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
-    except BodyTooLarge:
-        return JsonResponse(
-            {"error": f"body exceeds {settings.WEBHOOKER_MAX_BODY_BYTES} bytes"}, status=413
-        )
-    except BodyMalformed as exc:
-        return JsonResponse({"error": str(exc)}, status=400)
+    body = None
+    for _ in range(ENTRYPOINT_READS):
+        if entrypoint is None:
+            raise Http404("No such entrypoint.")
+        if not entrypoint.active:
+            return JsonResponse({"error": "this entrypoint is inactive"}, status=410)
+        if body is None:
+            try:
+                body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
+            except BodyTooLarge:
+                return JsonResponse(
+                    {"error": f"body exceeds {settings.WEBHOOKER_MAX_BODY_BYTES} bytes"},
+                    status=413,
+                )
+            except BodyMalformed as exc:
+                return JsonResponse({"error": str(exc)}, status=400)
+        try:
+            return _store(request, entrypoint, body)
+        except ingest.EntrypointChanged:
+            entrypoint = ingest.find_entrypoint(code, fresh=True)
+    logger.warning("inbound event not stored, its entrypoint kept changing: %s", code)
+    return _unavailable("the entrypoint is being changed, retry later")
+
+
+def _store(request, entrypoint, body):
     header = _header_lookup(request.META)
     if entrypoint.verification != "none":
         try:
@@ -70,6 +94,9 @@ def receive(request, code):
                 entrypoint.verification, entrypoint.verification_config, header, body, time.time()
             )
         except verification.Rejected as exc:
+            if entrypoint.remembered:
+                # Perhaps a secret changed a moment ago: decide on the row as it is.
+                raise ingest.EntrypointChanged from exc
             return _reject(entrypoint, request, exc)
     gone = request.META.get(GONE)
     try:
@@ -88,8 +115,8 @@ def receive(request, code):
             gone=gone.is_set if gone is not None else None,
         )
     except ingest.SenderGone:
-        # Rolled back: the sender will retry. No one reads this answer, and under a
-        # flood a log line for each would be a flood of its own.
+        # Nothing stored: the sender will retry. No one reads this answer, and under
+        # a flood a log line for each would be a flood of its own.
         response = JsonResponse({"error": "the sender disconnected"}, status=499)
         response._has_been_logged = True
         return response

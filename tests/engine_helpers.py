@@ -8,9 +8,10 @@ from deliveries.models import Event
 
 
 def store(entrypoint, body=b'{"ok": true}', n=1, headers=None, content_type="application/json"):
+    inbound = ingest.find_entrypoint(entrypoint.code, fresh=True)
     stored = [
         ingest.store_event(
-            entrypoint,
+            inbound,
             method="POST",
             headers=headers or [["Content-Type", content_type]],
             body=body,

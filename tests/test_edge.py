@@ -127,7 +127,7 @@ def test_every_header_line_and_the_query_string_are_stored_as_received(entrypoin
 def deliver(entrypoint, make_target, sink, *, config=None, query="a=1&a=2", headers=None):
     make_target(config={"url": sink.url("/fwd?x=1"), **(config or {})})
     ingest.store_event(
-        entrypoint,
+        ingest.find_entrypoint(entrypoint.code, fresh=True),
         method="POST",
         headers=headers
         or [

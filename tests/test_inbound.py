@@ -5,6 +5,7 @@ import os
 import uuid
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from deliveries import ingest
@@ -194,13 +195,16 @@ def test_delivery_creation_failure_leaves_no_event_and_answers_5xx(
     entrypoint, make_target, monkeypatch
 ):
     make_target(url="http://example.com/a")
-    real_tables = ingest._tables
+    real_statements = ingest._statements
 
-    def broken_delivery_table():
+    def broken_delivery_table(vendor):
         # The deliveries INSERT fails in the database, after the event's succeeded.
-        return {**real_tables(), "delivery": "no_such_table"}
+        return {
+            name: sql.replace(connection.ops.quote_name("deliveries_delivery"), "no_such_table")
+            for name, sql in real_statements(vendor).items()
+        }
 
-    monkeypatch.setattr(ingest, "_tables", broken_delivery_table)
+    monkeypatch.setattr(ingest, "_statements", broken_delivery_table)
     client = Client(raise_request_exception=False)
     response = post(client, entrypoint)
     assert response.status_code >= 500

@@ -259,6 +259,8 @@ if _engine == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_webhooker.sqlite3")}
 elif _engine in ("django.db.backends.postgresql",):
+    # Django's backend with a health check that costs no round trip (webhooker/postgresql).
+    DATABASES["default"]["ENGINE"] = "webhooker.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})
 else:
     raise ImproperlyConfigured(

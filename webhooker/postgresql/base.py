@@ -1,0 +1,64 @@
+"""Django's PostgreSQL backend, with the per-request health check made free and
+prepared statements for the inbound endpoint.
+
+With CONN_HEALTH_CHECKS, Django sends "SELECT 1" on a reused connection at the
+start of every request, so that one the server has closed (a restart,
+pg_terminate_backend, an idle timeout) is replaced rather than failing the
+request. On the inbound endpoint that is a third of its round trips (measured:
+bench/RESULTS.md). A connection the server has closed always has something to
+read - its termination message, then end of file - while a healthy idle one has
+nothing (the web side listens for no notifications). So the socket is polled
+first, without waiting, and Django's check runs only when there is input.
+
+A server that vanished without closing the connection is found by neither: the
+"SELECT 1" would wait for TCP to give up, as the request's own query does.
+
+Django binds parameters on the client (the body quoted into the SQL text) and
+prepares nothing, so every statement is parsed and planned again. The inbound
+endpoint runs one statement thousands of times per connection:
+`prepared_cursor()` binds on the server and prepares each statement on its first
+run, still through Django's cursor wrapper (execute wrappers, error translation,
+query logging).
+"""
+
+import select
+
+import psycopg
+from django.db.backends.postgresql import base
+
+
+class PreparedCursor(psycopg.Cursor):
+    """Server-side binding; every statement prepared (kept per connection)."""
+
+    def execute(self, query, params=None, *, prepare=True, binary=None):
+        return super().execute(query, params, prepare=prepare, binary=binary)
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def prepared_cursor(self):
+        """A cursor for statements run over and over: see the module docstring."""
+        self.close_if_health_check_failed()
+        self.ensure_connection()
+        with self.wrap_database_errors:
+            return self._prepare_cursor(PreparedCursor(self.connection))
+
+    def close_if_health_check_failed(self):
+        if (
+            self.connection is not None
+            and self.health_check_enabled
+            and not self.health_check_done
+            and not self.pool
+            and not _has_input(self.connection)
+        ):
+            self.health_check_done = True
+            return
+        super().close_if_health_check_failed()
+
+
+def _has_input(conn) -> bool:
+    try:
+        fd = conn.pgconn.socket
+    except Exception:  # closed, or never opened: let Django's check decide
+        return True
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
