@@ -259,6 +259,10 @@ def drained_rate(ids):
 
 
 def wait_delivered(ids, timeout):
+    """Until every one of `ids` is delivered. The rates are read from the results'
+    own times (drained_rate), so a slow poll costs no precision; a fast one would
+    take CPU from the engines being measured (at 50 ms, about a tenth of a core
+    with 8 000 ids)."""
     from deliveries.models import Delivery
 
     chunks = [ids[i : i + 900] for i in range(0, len(ids), 900)]
@@ -268,6 +272,7 @@ def wait_delivered(ids, timeout):
             == len(ids)
         ),
         timeout=timeout,
+        interval=0.5,
         message=f"{len(ids)} deliveries",
     )
 

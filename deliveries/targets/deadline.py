@@ -46,7 +46,11 @@ class Watchdog:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="deadline", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            # The watchdog sleeps until the earliest deadline: only a new earliest
+            # one needs it awake. Attempts share a target's timeout, so that is
+            # rare, and not waking it for every attempt spares a thread switch each.
+            if self._heap[0][1] == token:
+                self._cond.notify()
         try:
             yield state
         finally:
