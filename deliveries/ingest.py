@@ -274,23 +274,119 @@ def store_event(
                 first = _not_stored(cursor, statements, entrypoint, provider_id)
                 if first is not None:
                     return first
-    with transaction.atomic(), connection.cursor() as cursor:
-        while True:
-            cursor.execute(insert_event, values)
-            row = cursor.fetchone()
-            if row is not None:
-                break
-            first = _not_stored(cursor, statements, entrypoint, provider_id)
-            if first is not None:
-                return first
-        event_id = row[0]
-        cursor.execute(statements["deliveries"], [event_id, *delivery_values])
-        deliveries = cursor.rowcount
-        if gone is not None and gone():
-            raise SenderGone
-        if deliveries:
-            wake.notify_on_commit(connection)
-    return Stored(event_id=event_id, code=code, deliveries=deliveries)
+
+    def store() -> Stored:
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(insert_event, values)
+                row = cursor.fetchone()
+                if row is not None:
+                    break
+                first = _not_stored(cursor, statements, entrypoint, provider_id)
+                if first is not None:
+                    return first
+            event_id = row[0]
+            cursor.execute(statements["deliveries"], [event_id, *delivery_values])
+            deliveries = cursor.rowcount
+            if gone is not None and gone():
+                raise SenderGone
+            if deliveries:
+                wake.notify_on_commit(connection)
+        return Stored(event_id=event_id, code=code, deliveries=deliveries)
+
+    if connection.in_atomic_block:
+        # Part of the caller's transaction, on its connection.
+        with transaction.atomic():
+            return store()
+    return group_commit.run(store)
+
+
+class _Job:
+    """One store_event call waiting in a group commit."""
+
+    __slots__ = ("done", "error", "lead", "result", "store")
+
+    def __init__(self, store: Callable[[], Stored]):
+        self.store = store
+        self.done = threading.Event()
+        self.lead = False
+        self.result: Stored | None = None
+        self.error: BaseException | None = None
+
+    def outcome(self) -> Stored:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class GroupCommit:
+    """Concurrent inbound events in one process share one SQLite transaction: one
+    writer-lock turn and one fsync for all of them.
+
+    The first caller leads: it takes every event waiting (up to `limit`), stores
+    each in a savepoint of one transaction on its own connection, commits, and
+    wakes the others with their own outcome; then it hands the lead to the first
+    caller that arrived meanwhile. Each caller still returns only after COMMIT of
+    its own rows (invariant 1); an event whose statements fail rolls back its
+    savepoint and fails its own request alone; a failed COMMIT fails every event
+    of the group, none of which is stored.
+    """
+
+    def __init__(self, limit: int = 64):
+        self.limit = limit
+        # Transactions begun, for the tests and the curious.
+        self.groups = 0
+        self._lock = threading.Lock()
+        self._waiting: list[_Job] = []
+        self._leading = False
+
+    def run(self, store: Callable[[], Stored]) -> Stored:
+        job = _Job(store)
+        with self._lock:
+            self._waiting.append(job)
+            job.lead = not self._leading
+            self._leading = True
+        if not job.lead:
+            job.done.wait()
+            if not job.lead:
+                return job.outcome()
+        with self._lock:
+            group = self._waiting[: self.limit]
+            del self._waiting[: self.limit]
+        try:
+            self._commit(group)
+        finally:
+            with self._lock:
+                if self._waiting:
+                    following = self._waiting[0]
+                    following.lead = True
+                    following.done.set()
+                else:
+                    self._leading = False
+            for other in group:
+                if other.result is None and other.error is None:
+                    # The leader was interrupted mid-group: nothing is known stored.
+                    other.error = RuntimeError("the group commit was interrupted")
+                if other is not job:
+                    other.done.set()
+        return job.outcome()
+
+    def _commit(self, group: list[_Job]) -> None:
+        self.groups += 1
+        try:
+            with transaction.atomic():
+                for job in group:
+                    try:
+                        with transaction.atomic():
+                            job.result = job.store()
+                    except Exception as exc:
+                        job.error = exc
+        except Exception as exc:  # BEGIN or COMMIT: nothing of the group is stored
+            for job in group:
+                job.result, job.error = None, job.error or exc
+
+
+group_commit = GroupCommit()
 
 
 def _not_stored(cursor, statements, entrypoint: Inbound, provider_id: str) -> Stored | None:
