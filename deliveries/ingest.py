@@ -35,7 +35,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from deliveries import verification, wake
@@ -271,7 +271,7 @@ def store_event(
                 row = cursor.fetchone()
                 if row is not None:
                     return Stored(event_id=row[0], code=code, deliveries=row[1])
-                first = _not_stored(cursor, statements, entrypoint, provider_id)
+                first = _not_stored(cursor, statements, entrypoint, provider_id, deduplicated)
                 if first is not None:
                     return first
 
@@ -282,7 +282,7 @@ def store_event(
                 row = cursor.fetchone()
                 if row is not None:
                     break
-                first = _not_stored(cursor, statements, entrypoint, provider_id)
+                first = _not_stored(cursor, statements, entrypoint, provider_id, deduplicated)
                 if first is not None:
                     return first
             event_id = row[0]
@@ -353,8 +353,9 @@ class GroupCommit:
         with self._lock:
             group = self._waiting[: self.limit]
             del self._waiting[: self.limit]
+        committed = False
         try:
-            self._commit(group)
+            committed = self._commit(group)
         finally:
             with self._lock:
                 if self._waiting:
@@ -364,15 +365,19 @@ class GroupCommit:
                 else:
                     self._leading = False
             for other in group:
-                if other.result is None and other.error is None:
+                if not committed and other.error is None:
                     # The leader was interrupted mid-group: nothing is known stored.
+                    other.result = None
                     other.error = RuntimeError("the group commit was interrupted")
                 if other is not job:
                     other.done.set()
         return job.outcome()
 
-    def _commit(self, group: list[_Job]) -> None:
+    def _commit(self, group: list[_Job]) -> bool:
+        """Store the group in one transaction; whether it committed. If it did not,
+        every job holds an error and no result."""
         self.groups += 1
+        committed = []
         try:
             with transaction.atomic():
                 for job in group:
@@ -381,22 +386,36 @@ class GroupCommit:
                             job.result = job.store()
                     except Exception as exc:
                         job.error = exc
-        except Exception as exc:  # BEGIN or COMMIT: nothing of the group is stored
+                # Runs only after COMMIT succeeded: Django rolls back without a word
+                # when a job's failure left the transaction unusable (SQLite may
+                # abandon the whole transaction on a full disk), or when the
+                # connection was lost in it.
+                transaction.on_commit(lambda: committed.append(True), robust=True)
+            if not committed:
+                raise OperationalError("the group's transaction was rolled back")
+        except Exception as exc:  # BEGIN, COMMIT, or a silent rollback: nothing stored
             for job in group:
                 job.result, job.error = None, job.error or exc
+            return False
+        return True
 
 
 group_commit = GroupCommit()
 
 
-def _not_stored(cursor, statements, entrypoint: Inbound, provider_id: str) -> Stored | None:
+def _not_stored(
+    cursor, statements, entrypoint: Inbound, provider_id: str, deduplicated: bool
+) -> Stored | None:
     """The event's INSERT stored nothing: the entrypoint changed (raises
     EntrypointChanged), or its provider id is a kept event's (that event, counted
-    once more). None: the kept event was deleted (retention) after the insert met
-    it; its provider id is free again, so the caller stores this one after all."""
+    once more). None: store again - the kept event was deleted (retention) after the
+    insert met it, so its provider id is free again, or the entrypoint changed and
+    changed back."""
     cursor.execute(statements["unchanged"], [entrypoint.id, *entrypoint.as_read])
     if cursor.fetchone() is None:
         raise EntrypointChanged
+    if not deduplicated:
+        return None
     return _count_duplicate(cursor, _tables(), entrypoint.webhook_id, provider_id)
 
 

@@ -32,7 +32,8 @@ def notify_on_commit(connection) -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")
     else:
-        transaction.on_commit(send_datagram, using=connection.alias)
+        # robust: nothing raised after COMMIT may turn a stored event into an error.
+        transaction.on_commit(send_datagram, using=connection.alias, robust=True)
 
 
 def send_datagram() -> None:

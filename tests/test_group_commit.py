@@ -118,6 +118,35 @@ def test_a_failed_commit_fails_every_event_of_the_group(webhook, monkeypatch):
     assert not Event.objects.filter(code__in=codes).exists()
 
 
+def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
+    """A job that leaves the transaction unusable (here: the connection lost in it)
+    makes Django roll the group back without raising: its neighbours must not be
+    answered as stored."""
+    group = ingest.GroupCommit()
+    release = threading.Event()
+    outcomes = {}
+
+    def lead():
+        release.wait(10)
+        return _event(webhook, uuid.uuid4()).code
+
+    def lose_connection():
+        connection.close()
+        return None
+
+    threads = [_in_thread(lambda: group.run(lead), outcomes, "lead")]
+    wait_until(lambda: group.groups == 1, message="leading")
+    code = uuid.uuid4()
+    threads.append(queue(group, outcomes, "a", lambda: _event(webhook, code).code))
+    threads.append(queue(group, outcomes, "b", lose_connection))
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert group.groups == 2
+    assert isinstance(outcomes["a"], Exception), outcomes
+    assert not Event.objects.filter(code=code).exists()
+
+
 @pytest.mark.e2e
 def test_kill_9_during_group_commits_loses_no_acknowledged_event(entrypoint, data_dir):
     """Sixteen senders post as fast as they are answered to one worker whose

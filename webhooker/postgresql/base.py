@@ -60,5 +60,8 @@ def _has_input(conn) -> bool:
         fd = conn.pgconn.socket
     except Exception:  # closed, or never opened: let Django's check decide
         return True
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)
+    # poll, not select: a worker holding a thousand sender connections gives the
+    # database socket a descriptor past select's limit of 1023.
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
