@@ -259,6 +259,19 @@ def store_event(
     statements = _statements(connection.vendor)
     insert_event = statements["event_dedup" if deduplicated else "event"]
     delivery_values = [Delivery.Status.PENDING.value, now, now, entrypoint.webhook_id]
+
+    def insert(cursor, params) -> tuple | Stored:
+        """The event's INSERT until it stores a row (returned), or the event turns
+        out a kept one's duplicate (that Stored)."""
+        while True:
+            cursor.execute(insert_event, params)
+            row = cursor.fetchone()
+            if row is not None:
+                return row
+            first = _not_stored(cursor, statements, entrypoint, provider_id, deduplicated)
+            if first is not None:
+                return first
+
     if connection.vendor == "postgresql":
         if gone is not None and gone():
             raise SenderGone
@@ -266,25 +279,16 @@ def store_event(
         # caller's transaction, a savepoint keeps a failure from aborting that.
         nested = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
         with nested, connection.prepared_cursor() as cursor:
-            while True:
-                cursor.execute(insert_event, values + delivery_values)
-                row = cursor.fetchone()
-                if row is not None:
-                    return Stored(event_id=row[0], code=code, deliveries=row[1])
-                first = _not_stored(cursor, statements, entrypoint, provider_id, deduplicated)
-                if first is not None:
-                    return first
+            row = insert(cursor, values + delivery_values)
+        if isinstance(row, Stored):
+            return row
+        return Stored(event_id=row[0], code=code, deliveries=row[1])
 
     def store() -> Stored:
         with connection.cursor() as cursor:
-            while True:
-                cursor.execute(insert_event, values)
-                row = cursor.fetchone()
-                if row is not None:
-                    break
-                first = _not_stored(cursor, statements, entrypoint, provider_id, deduplicated)
-                if first is not None:
-                    return first
+            row = insert(cursor, values)
+            if isinstance(row, Stored):
+                return row
             event_id = row[0]
             cursor.execute(statements["deliveries"], [event_id, *delivery_values])
             deliveries = cursor.rowcount

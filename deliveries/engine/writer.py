@@ -116,6 +116,7 @@ def write_results(batch: list[AttemptResult]) -> set[int]:
     """
     now = timezone.now()
     ops = connection.ops
+    updated_at = ops.adapt_datetimefield_value(now)
     rows = [
         (
             result.status,
@@ -123,7 +124,7 @@ def write_results(batch: list[AttemptResult]) -> set[int]:
             ops.adapt_datetimefield_value(
                 now + datetime.timedelta(seconds=result.delay) if result.delay is not None else None
             ),
-            ops.adapt_datetimefield_value(now),
+            updated_at,
             result.task.delivery_id,
         )
         for result in batch

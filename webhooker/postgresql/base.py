@@ -58,7 +58,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
 def _has_input(conn) -> bool:
     try:
         fd = conn.pgconn.socket
-    except Exception:  # closed, or never opened: let Django's check decide
+    except psycopg.Error:  # closed, or never opened: let Django's check decide
         return True
     # poll, not select: a worker holding a thousand sender connections gives the
     # database socket a descriptor past select's limit of 1023.
