@@ -17,6 +17,7 @@ from django.test import Client
 
 from deliveries import ingest
 from deliveries.models import Delivery, Event, Webhook
+from deliveries.targets import transport
 from tests.engine_helpers import make_engine, pump
 from tests.processes import ROOT, process_env, start_web, wait_until
 
@@ -165,6 +166,24 @@ def test_a_target_can_turn_query_forwarding_off(entrypoint, make_target, sink):
 def test_the_senders_user_agent_is_forwarded(entrypoint, make_target, sink):
     received = deliver(entrypoint, make_target, sink, headers=[["User-Agent", "GitHub-Hookshot"]])
     assert [v for n, v in received.lines if n.lower() == "user-agent"] == ["GitHub-Hookshot"]
+
+
+def test_a_receivers_cookie_is_never_sent_on_later_deliveries(sink):
+    """A client session keeps a receiver's Set-Cookie and sends it back to that
+    host: a header the sender never sent, maybe another tenant's target."""
+    sink.always("/c", 200, {"Set-Cookie": "session=theirs; Path=/"})
+    for _ in range(2):
+        outcome = transport.post(sink.url("/c"), data=b"{}", headers={}, timeout=5, forwarded=True)
+        assert outcome.success
+    for received in sink.requests("/c"):
+        assert "cookie" not in {n.lower() for n, _ in received.lines}
+
+
+def test_credentials_in_the_target_url_are_sent_as_basic_auth(sink):
+    url = sink.url("/auth").replace("http://", "http://user:p%40ss@")
+    assert transport.post(url, data=b"{}", headers={}, timeout=5, forwarded=True).success
+    [received] = sink.requests("/auth")
+    assert received.headers["Authorization"] == "Basic dXNlcjpwQHNz"  # user:p@ss
 
 
 # --- slow senders, floods, senders that hang up ----------------------------------------
