@@ -425,3 +425,120 @@ def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_timeout(entrypoint, 
     result = DeliveryResult.objects.get()
     assert not result.success
     assert result.error == "timed out after 1 s"
+
+
+# --- the result writer --------------------------------------------------------
+
+
+def test_written_results_read_back_exactly(entrypoint, make_target):
+    """Every column of every result survives the writer's statement (arrays on
+    PostgreSQL: NULLs, JSON header lines, text past ASCII), in attempt order, and
+    a delivery deleted meanwhile gets no result and no status."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from deliveries.engine.attempts import AttemptResult
+    from deliveries.engine.claims import load_tasks
+    from deliveries.engine.writer import write_results
+    from deliveries.targets.base import Outcome
+
+    make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    store(entrypoint, n=3)
+    first, second, gone = load_tasks(Delivery.objects.order_by("id").values_list("id", flat=True))
+    Delivery.objects.filter(id=gone.delivery_id).delete()
+    outcomes = [
+        Outcome(
+            success=True,
+            status_code=200,
+            response_body="ök ✓",
+            request_url="http://127.0.0.1:9/x?a=1",
+            request_headers=(("X-A", "1"), ("X-A", "2")),
+            response_headers="Server: x",
+        ),
+        Outcome(success=False, error="connection refused\nConnectionError: …"),
+        Outcome(success=True, status_code=204),
+    ]
+    batch = [
+        AttemptResult(task, outcome, status, delay, duration_ms=ms)
+        for task, outcome, status, delay, ms in zip(
+            (first, second, gone),
+            outcomes,
+            ("delivered", "retrying", "delivered"),
+            (None, 30.0, None),
+            (12, 0, 1),
+            strict=True,
+        )
+    ]
+
+    with CaptureQueriesContext(connection) as queries:
+        existing = write_results(batch)
+
+    assert existing == {first.delivery_id, second.delivery_id}
+    if connection.vendor == "postgresql":
+        assert len(queries) == 1  # statuses and results: one statement, one round trip
+        from tests.test_ingest_path import prepared
+
+        assert prepared(queries[0]["sql"]) == 1  # on the server, once
+    else:
+        assert len([q for q in queries if q["sql"].startswith("INSERT")]) == 1
+    rows = list(
+        DeliveryResult.objects.order_by("id").values(
+            "delivery_id",
+            "target_id",
+            "attempt",
+            "success",
+            "status_code",
+            "response_body",
+            "request_url",
+            "request_headers",
+            "response_headers",
+            "error",
+            "duration_ms",
+        )
+    )
+    assert rows == [
+        {
+            "delivery_id": first.delivery_id,
+            "target_id": first.target_id,
+            "attempt": 1,
+            "success": True,
+            "status_code": 200,
+            "response_body": "ök ✓",
+            "request_url": "http://127.0.0.1:9/x?a=1",
+            "request_headers": [["X-A", "1"], ["X-A", "2"]],
+            "response_headers": "Server: x",
+            "error": "",
+            "duration_ms": 12,
+        },
+        {
+            "delivery_id": second.delivery_id,
+            "target_id": second.target_id,
+            "attempt": 1,
+            "success": False,
+            "status_code": None,
+            "response_body": "",
+            "request_url": "",
+            "request_headers": [],
+            "response_headers": "",
+            "error": "connection refused\nConnectionError: …",
+            "duration_ms": 0,
+        },
+    ]
+    assert statuses() == {first.delivery_id: "delivered", second.delivery_id: "retrying"}
+
+
+def test_a_nul_in_the_receivers_answer_is_written_not_failing_the_batch(entrypoint, make_target):
+    """PostgreSQL text cannot hold a NUL; a binary answer must not make its batch
+    fail forever (each retry of the write would fail the same way)."""
+    from deliveries.engine.attempts import AttemptResult
+    from deliveries.engine.claims import load_tasks
+    from deliveries.engine.writer import write_results
+    from deliveries.targets.base import Outcome
+
+    make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    store(entrypoint)
+    [task] = load_tasks(Delivery.objects.values_list("id", flat=True))
+    outcome = Outcome(success=True, status_code=200, response_body="\x1f\x8b\x00\x00gz")
+
+    assert write_results([AttemptResult(task, outcome, "delivered", None, 3)]) == {task.delivery_id}
+    assert DeliveryResult.objects.get().response_body == "\x1f\x8b\ufffd\ufffdgz"

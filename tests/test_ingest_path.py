@@ -118,6 +118,19 @@ def test_postgresql_stores_an_event_in_one_statement(webhook, make_target, execu
     # No SELECT 1 health check, no entrypoint read, no BEGIN/COMMIT/NOTIFY of their own.
     assert len(executes) == 1, executes
     assert Delivery.objects.count() == 4
+    # Prepared on the server once, not parsed and planned on every request.
+    assert prepared(executes[0]) == 1
+
+
+def prepared(statement: str) -> int:
+    """How many statements beginning like `statement` (its first 60 characters)
+    this connection's server session holds prepared."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(statement, %s)",
+            [statement[:60]],
+        )
+        return cursor.fetchone()[0]
 
 
 @pytest.mark.e2e

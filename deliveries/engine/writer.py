@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
+import json
 import logging
 import queue
 from collections.abc import Callable
@@ -91,12 +93,17 @@ class ResultWriter:
         results = [item for item in batch if isinstance(item, AttemptResult)]
         dates = [item for item in batch if isinstance(item, NotBefore)]
         try:
-            with transaction.atomic():
+            if dates:
+                with transaction.atomic():
+                    existing = write_results(results)
+                    for item in dates:
+                        Delivery.objects.unfinished().filter(target_id=item.target_id).filter(
+                            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=item.at)
+                        ).update(next_attempt_at=item.at)
+            else:
+                # Atomic by itself: on PostgreSQL one statement, no BEGIN or
+                # COMMIT round trips around it.
                 existing = write_results(results)
-                for item in dates:
-                    Delivery.objects.unfinished().filter(target_id=item.target_id).filter(
-                        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=item.at)
-                    ).update(next_attempt_at=item.at)
         except DatabaseError:
             logger.warning("writing %d results failed; will retry", len(batch), exc_info=True)
             connection.close()
@@ -108,104 +115,134 @@ class ResultWriter:
             self.on_written(result, Written.GONE if gone else Written.COMMITTED)
 
 
-def write_results(batch: list[AttemptResult]) -> set[int]:
-    """One transaction for the whole batch; return the ids that still existed.
+# The columns of a delivery's status written for each attempt. Only these:
+# columns other processes may change (the admin) are left alone.
+STATUS_COLUMNS = ("status", "attempts", "next_attempt_at", "updated_at", "id")
 
-    Statuses are written with an UPDATE per delivery, so columns other processes
-    may change (the admin) are left alone.
+
+def write_results(batch: list[AttemptResult]) -> set[int]:
+    """Write the statuses and the attempt results of a batch atomically; return the
+    ids of the deliveries that still existed (a deleted one gets no result).
+
+    PostgreSQL: one prepared statement (_postgresql_statement). SQLite, whose
+    statements cost no round trip: an existence SELECT, an UPDATE per delivery and
+    bulk_create, in one transaction.
     """
     now = timezone.now()
-    ops = connection.ops
-    updated_at = ops.adapt_datetimefield_value(now)
-    rows = [
+    statuses = [
         (
             result.status,
             result.attempts,
-            ops.adapt_datetimefield_value(
-                now + datetime.timedelta(seconds=result.delay) if result.delay is not None else None
-            ),
-            updated_at,
+            now + datetime.timedelta(seconds=result.delay) if result.delay is not None else None,
+            now,
             result.task.delivery_id,
         )
         for result in batch
     ]
-    with transaction.atomic():
-        existing = _update_statuses(rows)
-        _insert_results(
-            DeliveryResult(
-                delivery_id=result.task.delivery_id,
-                target_id=result.task.target_id,
-                attempt=result.number,
-                success=outcome.success,
-                status_code=outcome.status_code,
-                response_body=outcome.response_body[: DeliveryResult.RESPONSE_BODY_LIMIT],
-                request_url=outcome.request_url,
-                request_headers=[list(line) for line in outcome.request_headers],
-                response_headers=outcome.response_headers,
-                error=outcome.error[:2000],
-                duration_ms=result.duration_ms,
-                created_at=now,
+    results = [
+        {
+            "delivery_id": result.task.delivery_id,
+            "target_id": result.task.target_id,
+            "attempt": result.number,
+            "success": outcome.success,
+            "status_code": outcome.status_code,
+            "response_body": _storable(outcome.response_body[: DeliveryResult.RESPONSE_BODY_LIMIT]),
+            "request_url": _storable(outcome.request_url),
+            "request_headers": [list(line) for line in outcome.request_headers],
+            "response_headers": _storable(outcome.response_headers),
+            "error": _storable(outcome.error[:2000]),
+            "duration_ms": result.duration_ms,
+            "created_at": now,
+        }
+        for result in batch
+        # No outcome: filtered, no attempt was made.
+        if (outcome := result.outcome) is not None
+    ]
+    if not statuses:
+        return set()
+    if connection.vendor == "postgresql":
+        with connection.prepared_cursor() as cursor:
+            cursor.execute(
+                _postgresql_statement(),
+                [
+                    _json([dict(zip(STATUS_COLUMNS, row, strict=True)) for row in statuses]),
+                    [row[-1] for row in statuses],
+                    _json(results),
+                ],
             )
-            for result in batch
-            # No outcome: filtered, no attempt was made.
-            if (outcome := result.outcome) is not None and result.task.delivery_id in existing
+            return {row[0] for row in cursor.fetchall()}
+    with transaction.atomic():
+        existing = _update_statuses(statuses)
+        DeliveryResult.objects.bulk_create(
+            DeliveryResult(**row) for row in results if row["delivery_id"] in existing
         )
     return existing
 
 
+@functools.cache
+def _postgresql_statement() -> str:
+    """Statuses and results of a batch in one statement, each table's rows as one
+    JSON parameter read by jsonb_to_recordset: the UPDATE says which deliveries
+    exist and the INSERT reads that, in data-modifying CTEs. One round trip,
+    atomic in autocommit, where a transaction of an UPDATE and an INSERT took four
+    (BEGIN, UPDATE, INSERT, COMMIT); one parameter per table, where arrays per
+    column or a row per INSERT cost psycopg and Django a dumper or a preparation
+    per value. With batches of one or two results under load, that was a third of
+    an engine's CPU (bench/RESULTS.md)."""
+    quote = connection.ops.quote_name
+    delivery = {f.attname: f for f in Delivery._meta.concrete_fields}
+    statuses = [delivery[name] for name in STATUS_COLUMNS]
+    results = [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
+
+    # The JSON keys, and so the records' columns, are attnames.
+    def record(fields):
+        return ", ".join(f"{quote(f.attname)} {f.db_type(connection)}" for f in fields)
+
+    def columns(fields, prefix=""):
+        return ", ".join(prefix + quote(f.attname if prefix else f.column) for f in fields)
+
+    into = DeliveryResult._meta.get_field("delivery").attname
+    return (
+        f"WITH s AS (UPDATE {quote(Delivery._meta.db_table)} AS d SET "
+        + ", ".join(f"{quote(f.column)} = v.{quote(f.attname)}" for f in statuses[:-1])
+        + f" FROM jsonb_to_recordset(%s::jsonb) AS v({record(statuses)})"
+        # Also by an array of the ids: the planner cannot see how many rows the
+        # JSON holds (it assumes 100), and with a small table it scanned all of it
+        # for a hash join; `= ANY` of an array goes through the primary key.
+        + " WHERE d.id = ANY(%s::bigint[]) AND d.id = v.id RETURNING d.id), "
+        + f"r AS (INSERT INTO {quote(DeliveryResult._meta.db_table)} ({columns(results)}) "
+        + f"SELECT {columns(results, 'v.')} "
+        + f"FROM jsonb_to_recordset(%s::jsonb) AS v({record(results)}) "
+        + f"WHERE v.{quote(into)} IN (SELECT id FROM s)) "
+        + "SELECT id FROM s"
+    )
+
+
+def _json(rows: list[dict]) -> str:
+    # Datetimes as ISO 8601, which timestamptz reads.
+    return json.dumps(rows, default=datetime.datetime.isoformat)
+
+
+def _storable(text: str) -> str:
+    """A receiver's answer may hold a NUL, which PostgreSQL text and jsonb cannot:
+    kept visibly, as U+FFFD, so the result is written rather than failing its batch."""
+    return text.replace("\x00", "\ufffd")
+
+
 def _update_statuses(rows: list[tuple]) -> set[int]:
-    """Write (status, attempts, next_attempt_at, updated_at, id) rows; return the ids
-    that exist. PostgreSQL: one prepared statement over arrays, which also says which
-    rows it found, in place of an existence SELECT and an UPDATE per row (the
-    writer measured over half of an engine's CPU under four engines at full load;
-    bench/RESULTS.md). SQLite, whose statements cost no round trip: those two."""
-    if not rows:
-        return set()
+    """SQLite: write rows of STATUS_COLUMNS; return the ids that exist."""
     table = connection.ops.quote_name(Delivery._meta.db_table)
-    if connection.vendor == "postgresql":
-        with connection.prepared_cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} AS d SET status = v.status, attempts = v.attempts, "
-                "next_attempt_at = v.next_attempt_at, updated_at = v.updated_at "
-                "FROM unnest(%s::varchar[], %s::integer[], %s::timestamptz[], "
-                "%s::timestamptz[], %s::bigint[]) "
-                "AS v(status, attempts, next_attempt_at, updated_at, id) "
-                "WHERE d.id = v.id RETURNING d.id",
-                [list(column) for column in zip(*rows, strict=True)],
-            )
-            return {row[0] for row in cursor.fetchall()}
+    adapt = connection.ops.adapt_datetimefield_value
+    rows = [
+        (status, attempts, adapt(due), adapt(at), id_) for status, attempts, due, at, id_ in rows
+    ]
     with connection.cursor() as cursor:
         ids = [row[-1] for row in rows]
         existing = set(Delivery.objects.filter(id__in=ids).values_list("id", flat=True))
         cursor.executemany(
-            f"UPDATE {table} SET status = %s, attempts = %s, next_attempt_at = %s, "
-            "updated_at = %s WHERE id = %s",
+            f"UPDATE {table} SET "
+            + ", ".join(f"{name} = %s" for name in STATUS_COLUMNS[:-1])
+            + " WHERE id = %s",
             [row for row in rows if row[-1] in existing],
         )
         return existing
-
-
-def _insert_results(records) -> None:
-    """bulk_create, but on PostgreSQL with server-side binding and one prepared
-    statement (webhooker/postgresql): Django would quote every value, response
-    bodies and header lists included, into the SQL text in Python, which measured a
-    quarter of an engine's CPU."""
-    records = list(records)
-    if not records:
-        return
-    if connection.vendor != "postgresql":
-        DeliveryResult.objects.bulk_create(records)
-        return
-    fields = [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    sql = (
-        f"INSERT INTO {quote(DeliveryResult._meta.db_table)} "
-        f"({', '.join(quote(f.column) for f in fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(fields))})"
-    )
-    params = [
-        [f.get_db_prep_save(f.pre_save(record, add=True), connection) for f in fields]
-        for record in records
-    ]
-    with connection.prepared_cursor() as cursor:
-        cursor.executemany(sql, params)

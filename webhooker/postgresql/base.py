@@ -15,10 +15,16 @@ A server that vanished without closing the connection is found by neither: the
 
 Django binds parameters on the client (the body quoted into the SQL text) and
 prepares nothing, so every statement is parsed and planned again. The inbound
-endpoint runs one statement thousands of times per connection:
-`prepared_cursor()` binds on the server and prepares each statement on its first
-run, still through Django's cursor wrapper (execute wrappers, error translation,
-query logging).
+endpoint and the engine's result writer each run one statement thousands of times
+per connection: `prepared_cursor()` binds on the server and prepares each
+statement on its first run, still through Django's cursor wrapper (execute
+wrappers, error translation, query logging). Django opens psycopg connections
+with preparing switched off altogether (`prepare_threshold=None`, under which
+psycopg ignores `prepare=True`, so these statements were parsed and planned on
+every run); our connections get a threshold no statement reaches by repetition,
+so only what `prepared_cursor()` runs is prepared. Django's own cursors bind on
+the client and never prepare, whatever the threshold. An explicit
+OPTIONS["prepare_threshold"] is kept.
 """
 
 import select
@@ -33,8 +39,24 @@ class PreparedCursor(psycopg.Cursor):
     def execute(self, query, params=None, *, prepare=True, binary=None):
         return super().execute(query, params, prepare=prepare, binary=binary)
 
+    def _send_query_prepared(self, name, pgq, *, binary=None):
+        # psycopg records the query it sent for Django's query log
+        # (last_executed_query reads `_query`) only when it was not prepared.
+        self._query = pgq
+        return super()._send_query_prepared(name, pgq, binary=binary)
+
+
+# Statements are prepared when asked to (PreparedCursor), never by repetition.
+ONLY_WHEN_ASKED = 2**31 - 1
+
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def get_new_connection(self, conn_params):
+        connection = super().get_new_connection(conn_params)
+        if connection.prepare_threshold is None:
+            connection.prepare_threshold = ONLY_WHEN_ASKED
+        return connection
+
     def prepared_cursor(self):
         """A cursor for statements run over and over: see the module docstring."""
         self.close_if_health_check_failed()
