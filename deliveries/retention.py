@@ -2,10 +2,15 @@
 deliveries and attempt results, in short transactions that yield to ingest.
 
 Pruning 160 000 events in batches of 500 held SQLite's one writer lock for about
-115 ms at a time, back to back, and inbound p95 went from 3 ms to 462 ms. Now a
-batch is small (tens of milliseconds), its events are chosen before the write
-transaction, and after each one the pruner pauses for as long as the batch took,
-so writers waiting for the lock get at least half of the time.
+115 ms at a time, back to back, and inbound p95 went from 3 ms to 462 ms. Batches
+of 100 (tens of milliseconds each, a pause as long after each) still took it from
+5 ms to 22-32 ms: an inbound request that arrives during a batch waits for all
+of what is left of it, and with the lock held half of the time, one in two does.
+So a batch is now sized by time, not by count (`Pacer`): each transaction aims
+to hold the lock about HOLD (4 ms), the size following the rate the last batches
+showed, its events are chosen before the write transaction, and after each one
+the pruner pauses for as long as the batch took, so writers waiting for the lock
+get at least half of the time.
 
 Space: deleted rows leave free pages inside the SQLite file. A database created
 with PRAGMA auto_vacuum=INCREMENTAL (settings set it on every connection; SQLite
@@ -28,24 +33,53 @@ from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, Event, Webhook
 
-# Events per transaction: with their deliveries and results, a few hundred rows
-# deleted in tens of milliseconds of write lock.
-BATCH = 100
+# How long each prune transaction aims to hold the writer lock: what it may add
+# to an inbound request that arrives meanwhile (SQLite has one writer).
+HOLD = 0.004
+# Events in the first transaction, before the pruner has measured any; and the
+# most in one.
+FIRST_BATCH = 10
+MAX_BATCH = 1000
 # After each batch, pause this many times as long as the batch took.
 YIELD = 1.0
-# Free pages given back per transaction by the incremental vacuum (4 MiB of
-# 4 KiB pages, ~10 ms).
-VACUUM_STEP = 1000
+# Free pages given back by the incremental vacuum's first transaction (paced to
+# HOLD like the batches after it; 1 000 pages took about 10 ms), and the most.
+FIRST_VACUUM_STEP = 100
+MAX_VACUUM_STEP = 10_000
 
 
-def prune_events(*, now=None, batch=BATCH, stop: threading.Event | None = None) -> Counter:
+class Pacer:
+    """Batch sizes that keep each transaction near `hold` seconds.
+
+    The next size is what the last batch's rate would do in `hold`: at most twice
+    the last size (one fast batch proves little), at least one. No `hold`: the
+    size stays `first`.
+    """
+
+    def __init__(self, hold: float | None = HOLD, first: int = FIRST_BATCH, limit: int = MAX_BATCH):
+        self.hold = hold
+        self.size = first
+        self.limit = limit
+
+    def record(self, done: int, took: float) -> None:
+        if self.hold is None or done <= 0:
+            return
+        rate = done / max(took, 1e-6)
+        self.size = max(1, min(self.limit, 2 * self.size, int(rate * self.hold)))
+
+
+def prune_events(
+    *, now=None, batch: int | None = None, stop: threading.Event | None = None
+) -> Counter:
     """Delete what retention allows; return counts of events, deliveries, results.
 
     An event with a pending or retrying delivery is never deleted: it is still on
     its way, however old. `stop` (set: finish early) is waited on between batches.
+    `batch` fixes the events per transaction; by default they are paced to HOLD.
     """
     now = now or timezone.now()
     stop = stop or threading.Event()
+    pacer = Pacer(hold=None, first=batch) if batch else Pacer()
     removed = Counter()
     for webhook_id, days in Webhook.objects.values_list("id", "retention_days"):
         try:
@@ -62,14 +96,18 @@ def prune_events(*, now=None, batch=BATCH, stop: threading.Event | None = None) 
             # Chosen outside the write transaction: on SQLite a read does not hold
             # up writers, and the transaction below looks again anyway.
             ids = list(
-                expired.filter(id__gt=after).order_by("id").values_list("id", flat=True)[:batch]
+                expired.filter(id__gt=after)
+                .order_by("id")
+                .values_list("id", flat=True)[: pacer.size]
             )
             if not ids:
                 break
             after = ids[-1]
             started = time.monotonic()
             removed += _delete(ids)
-            if stop.wait((time.monotonic() - started) * YIELD):
+            took = time.monotonic() - started
+            pacer.record(len(ids), took)
+            if stop.wait(took * YIELD):
                 return removed
     if removed["events"]:
         give_back_space(stop)
@@ -77,56 +115,72 @@ def prune_events(*, now=None, batch=BATCH, stop: threading.Event | None = None) 
 
 
 def _delete(ids) -> Counter:
+    """Delete these events, their deliveries and results, but not an event with a
+    delivery still on its way. Raw statements, their text built before the
+    transaction: on SQLite everything inside holds the one writer lock, and
+    Django's query building there cost more than the statements (about 2 of the
+    3 ms of a one-event batch)."""
     removed = Counter()
-    with transaction.atomic():
-        # Lock the events and their deliveries, then look again: a redeliver or
-        # replay that committed since the SELECT keeps its event (on PostgreSQL;
-        # SQLite's single writer already rules it out).
-        list(Event.objects.select_for_update().filter(id__in=ids).values_list("id"))
-        list(Delivery.objects.select_for_update().filter(event_id__in=ids).values_list("id"))
-        busy = set(
-            Delivery.objects.filter(event_id__in=ids, status__in=Delivery.UNFINISHED).values_list(
-                "event_id", flat=True
+    # Plain DELETEs, children first: Django's delete() would load every row into
+    # Python to collect cascades, several times the CPU of the statements, on the
+    # cores the inbound view needs meanwhile. These three tables are the only ones
+    # pointing at events (tests/test_retention.py holds that); only quoted table
+    # and column names from model metadata are interpolated.
+    q = connection.ops.quote_name
+    event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
+    marks = ", ".join(["%s"] * len(ids))
+    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.features.has_select_for_update:
+            # Lock the events and their deliveries, then look again: a redeliver
+            # or replay that committed since the SELECT keeps its event
+            # (PostgreSQL; SQLite's single writer already rules it out).
+            cursor.execute(f"SELECT id FROM {event} WHERE id IN ({marks}) FOR UPDATE", ids)  # noqa: S608
+            cursor.execute(
+                f"SELECT id FROM {delivery} WHERE event_id IN ({marks}) FOR UPDATE",  # noqa: S608
+                ids,
             )
+        cursor.execute(
+            f"SELECT DISTINCT event_id FROM {delivery} "  # noqa: S608
+            f"WHERE event_id IN ({marks}) AND status IN ({unfinished})",
+            [*ids, *map(str, Delivery.UNFINISHED)],
         )
-        ids = [i for i in ids if i not in busy]
-        if not ids:
-            return removed
-        # Plain DELETEs, children first: Django's delete() would load every row
-        # into Python to collect cascades, several times the CPU of the statements,
-        # on the cores the inbound view needs meanwhile. These three tables are the
-        # only ones pointing at events (tests/test_retention.py holds that); only
-        # quoted table names from model metadata are interpolated.
-        q = connection.ops.quote_name
-        event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
-        marks = ", ".join(["%s"] * len(ids))
-        with connection.cursor() as cursor:
-            children = f"SELECT id FROM {delivery} WHERE event_id IN ({marks})"  # noqa: S608
-            cursor.execute(f"DELETE FROM {result} WHERE delivery_id IN ({children})", ids)  # noqa: S608
-            removed["results"] += cursor.rowcount
-            cursor.execute(f"DELETE FROM {delivery} WHERE event_id IN ({marks})", ids)  # noqa: S608
-            removed["deliveries"] += cursor.rowcount
-            cursor.execute(f"DELETE FROM {event} WHERE id IN ({marks})", ids)  # noqa: S608
-            removed["events"] += cursor.rowcount
+        busy = {row[0] for row in cursor.fetchall()}
+        if busy:
+            ids = [i for i in ids if i not in busy]
+            if not ids:
+                return removed
+            marks = ", ".join(["%s"] * len(ids))
+        children = f"SELECT id FROM {delivery} WHERE event_id IN ({marks})"  # noqa: S608
+        cursor.execute(f"DELETE FROM {result} WHERE delivery_id IN ({children})", ids)  # noqa: S608
+        removed["results"] += cursor.rowcount
+        cursor.execute(f"DELETE FROM {delivery} WHERE event_id IN ({marks})", ids)  # noqa: S608
+        removed["deliveries"] += cursor.rowcount
+        cursor.execute(f"DELETE FROM {event} WHERE id IN ({marks})", ids)  # noqa: S608
+        removed["events"] += cursor.rowcount
     return removed
 
 
 def give_back_space(stop: threading.Event | None = None) -> int:
-    """SQLite with incremental auto-vacuum: return free pages to the file system,
-    VACUUM_STEP pages per short transaction; the number of pages returned."""
+    """SQLite with incremental auto-vacuum: return free pages to the file system in
+    short transactions paced like the prune's; the number of pages returned."""
     if connection.vendor != "sqlite" or _pragma("auto_vacuum") != 2:  # 2: INCREMENTAL
         return 0
     stop = stop or threading.Event()
+    pacer = Pacer(first=FIRST_VACUUM_STEP, limit=MAX_VACUUM_STEP)
     returned = 0
     while (free := _pragma("freelist_count")) and not stop.is_set():
+        step = min(free, pacer.size)
         started = time.monotonic()
         with transaction.atomic(), connection.cursor() as cursor:
             # Each step of the statement frees one page: Python's sqlite3 runs
             # one step per execute.
-            for _ in range(min(free, VACUUM_STEP)):
+            for _ in range(step):
                 cursor.execute("PRAGMA incremental_vacuum")
-        returned += min(free, VACUUM_STEP)
-        stop.wait((time.monotonic() - started) * YIELD)
+        took = time.monotonic() - started
+        pacer.record(step, took)
+        returned += step
+        stop.wait(took * YIELD)
     return returned
 
 

@@ -98,3 +98,32 @@ def test_only_deliveries_and_results_point_at_what_retention_deletes():
     assert pointing_at(Event) == {(Delivery, "event")}
     assert pointing_at(Delivery) == {(DeliveryResult, "delivery")}
     assert pointing_at(DeliveryResult) == set()
+
+
+def test_the_pacer_sizes_batches_to_the_hold_it_aims_for():
+    pacer = retention.Pacer(hold=0.004, first=10, limit=1000)
+    pacer.record(10, 0.008)  # 1 250 events/s: 5 in 4 ms
+    assert pacer.size == 5
+    pacer.record(5, 0.0001)  # fast: at most twice the last size
+    assert pacer.size == 10
+    pacer.record(10, 1.0)  # slow: never below one
+    assert pacer.size == 1
+    for _ in range(20):
+        pacer.record(pacer.size, 0.00001)
+    assert pacer.size == 1000  # never above the limit
+    fixed = retention.Pacer(hold=None, first=3)
+    fixed.record(3, 10.0)
+    assert fixed.size == 3
+
+
+@pytest.mark.django_db
+def test_a_paced_prune_deletes_everything_old_and_nothing_else(entrypoint):
+    entrypoint.webhook.retention_days = 1
+    entrypoint.webhook.save()
+    store(entrypoint, n=30)
+    age(2)
+    store(entrypoint, n=2)  # young
+    stop = Waits()
+    assert retention.prune_events(stop=stop)["events"] == 30
+    assert Event.objects.count() == 2
+    assert len(stop.waits) >= 2  # more than the first batch of FIRST_BATCH

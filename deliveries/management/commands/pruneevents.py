@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from deliveries.retention import BATCH, prune_events, vacuum
+from deliveries.retention import HOLD, prune_events, vacuum
 
 
 class Command(BaseCommand):
@@ -11,7 +11,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--batch", type=int, default=BATCH, help="events per transaction (default: %(default)r)"
+            "--batch",
+            type=int,
+            default=None,
+            help="events per transaction (default: as many as take about "
+            f"{HOLD * 1000:g} ms, measured as it goes)",
         )
         parser.add_argument(
             "--vacuum",
@@ -22,7 +26,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, **options):
-        removed = prune_events(batch=max(1, options["batch"]))
+        batch = options["batch"]
+        removed = prune_events(batch=None if batch is None else max(1, batch))
         self.stdout.write(
             f"Pruned {removed['events']} events, {removed['deliveries']} deliveries and "
             f"{removed['results']} attempt results."
