@@ -58,20 +58,29 @@ class Pacer:
     """Batch sizes that keep each transaction near `hold` seconds.
 
     The next size is what the last batch's rate would do in `hold`: at most twice
-    the last size (one fast batch proves little), at least one. No `hold`: the
-    size stays `first`.
+    the last size (one fast batch proves little), at most `limit`, and at least
+    `least`: a transaction's fixed cost (BEGIN, the COMMIT's fsync) does not shrink
+    with its size, and on a disk whose fsync alone outlasts `hold` the sizes would
+    otherwise fall to one and the prune crawl. No `hold`: the size stays `first`.
     """
 
-    def __init__(self, hold: float | None = HOLD, first: int = FIRST_BATCH, limit: int = MAX_BATCH):
+    def __init__(
+        self,
+        hold: float | None = HOLD,
+        first: int = FIRST_BATCH,
+        limit: int = MAX_BATCH,
+        least: int = FIRST_BATCH,
+    ):
         self.hold = hold
         self.size = first
         self.limit = limit
+        self.least = least
 
     def record(self, done: int, took: float) -> None:
         if self.hold is None or done <= 0:
             return
         rate = done / max(took, 1e-6)
-        self.size = max(1, min(self.limit, 2 * self.size, int(rate * self.hold)))
+        self.size = max(self.least, min(self.limit, 2 * self.size, int(rate * self.hold)))
 
 
 def prune_events(
@@ -121,23 +130,25 @@ def prune_events(
             after = ids[-1]
             while ids:
                 batch_ids, ids = ids[: pacer.size], ids[pacer.size :]
-                started = time.monotonic()
-                removed += _delete(batch_ids)
-                took = time.monotonic() - started
-                pacer.record(len(batch_ids), took)
-                if stop.wait(took * YIELD):
+                deleted, held = _delete(batch_ids)
+                removed += deleted
+                pacer.record(len(batch_ids), held)
+                if stop.wait(held * YIELD):
                     return removed
     if removed["events"]:
         give_back_space(stop)
     return removed
 
 
-def _delete(ids) -> Counter:
+def _delete(ids) -> tuple[Counter, float]:
     """Delete these events, their deliveries and results, but not an event with a
-    delivery still on its way. Raw statements, their text built before the
-    transaction: on SQLite everything inside holds the one writer lock, and
-    Django's query building there cost more than the statements (about 2 of the
-    3 ms of a one-event batch)."""
+    delivery still on its way; return the counts and the seconds the transaction
+    held (from BEGIN, where SQLite's writer lock is taken, to COMMIT: a wait for
+    the lock behind ingest is not the batch's cost and must not shrink the next).
+
+    Raw statements, their text built before the transaction: on SQLite everything
+    inside holds the one writer lock, and Django's query building there cost more
+    than the statements (about 2 of the 3 ms of a one-event batch)."""
     removed = Counter()
     # Plain DELETEs, children first: Django's delete() would load every row into
     # Python to collect cascades, several times the CPU of the statements, on the
@@ -148,7 +159,15 @@ def _delete(ids) -> Counter:
     event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
     marks = ", ".join(["%s"] * len(ids))
     unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic():
+        began = time.monotonic()
+        _delete_in(ids, removed, (event, delivery, result), marks, unfinished)
+    return removed, time.monotonic() - began
+
+
+def _delete_in(ids, removed: Counter, tables, marks: str, unfinished: str) -> None:
+    event, delivery, result = tables
+    with connection.cursor() as cursor:
         if connection.features.has_select_for_update:
             # Lock the events and their deliveries, then look again: a redeliver
             # or replay that committed since the SELECT keeps its event
@@ -167,7 +186,7 @@ def _delete(ids) -> Counter:
         if busy:
             ids = [i for i in ids if i not in busy]
             if not ids:
-                return removed
+                return
             marks = ", ".join(["%s"] * len(ids))
         children = f"SELECT id FROM {delivery} WHERE event_id IN ({marks})"  # noqa: S608
         cursor.execute(f"DELETE FROM {result} WHERE delivery_id IN ({children})", ids)  # noqa: S608
@@ -176,7 +195,6 @@ def _delete(ids) -> Counter:
         removed["deliveries"] += cursor.rowcount
         cursor.execute(f"DELETE FROM {event} WHERE id IN ({marks})", ids)  # noqa: S608
         removed["events"] += cursor.rowcount
-    return removed
 
 
 def give_back_space(stop: threading.Event | None = None) -> int:
@@ -185,17 +203,17 @@ def give_back_space(stop: threading.Event | None = None) -> int:
     if connection.vendor != "sqlite" or _pragma("auto_vacuum") != 2:  # 2: INCREMENTAL
         return 0
     stop = stop or threading.Event()
-    pacer = Pacer(first=FIRST_VACUUM_STEP, limit=MAX_VACUUM_STEP)
+    pacer = Pacer(first=FIRST_VACUUM_STEP, limit=MAX_VACUUM_STEP, least=FIRST_VACUUM_STEP)
     returned = 0
     while (free := _pragma("freelist_count")) and not stop.is_set():
         step = min(free, pacer.size)
-        started = time.monotonic()
         with transaction.atomic(), connection.cursor() as cursor:
+            began = time.monotonic()  # the writer lock taken (see _delete)
             # Each step of the statement frees one page: Python's sqlite3 runs
             # one step per execute.
             for _ in range(step):
                 cursor.execute("PRAGMA incremental_vacuum")
-        took = time.monotonic() - started
+        took = time.monotonic() - began
         pacer.record(step, took)
         returned += step
         stop.wait(took * YIELD)

@@ -158,3 +158,21 @@ def test_postgresql_connections_closed_by_the_server_are_replaced(entrypoint, da
         web.stop()
     assert statuses == [200] * 20
     assert Event.objects.count() == 40
+
+
+@pytest.mark.django_db
+def test_prepare_threshold_none_in_the_settings_prepares_nothing(monkeypatch):
+    """The pooler opt-out: OPTIONS={"prepare_threshold": None} is obeyed, and
+    Django's own client-bound queries are never tracked for preparing."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    statement = "SELECT 'opt-out' || %s"
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold", None)
+    with connection.prepared_cursor() as cursor:
+        cursor.execute(statement, ["x"])
+    assert prepared("SELECT 'opt-out' ||") == 0
+    monkeypatch.delitem(connection.settings_dict["OPTIONS"], "prepare_threshold")
+    with connection.prepared_cursor() as cursor:
+        cursor.execute(statement, ["x"])
+    assert prepared("SELECT 'opt-out' ||") == 1
+    assert connection.connection.prepare_threshold is None  # lifted only while executing

@@ -102,13 +102,13 @@ def test_only_deliveries_and_results_point_at_what_retention_deletes():
 
 
 def test_the_pacer_sizes_batches_to_the_hold_it_aims_for():
-    pacer = retention.Pacer(hold=0.004, first=10, limit=1000)
+    pacer = retention.Pacer(hold=0.004, first=10, limit=1000, least=2)
     pacer.record(10, 0.008)  # 1 250 events/s: 5 in 4 ms
     assert pacer.size == 5
     pacer.record(5, 0.0001)  # fast: at most twice the last size
     assert pacer.size == 10
-    pacer.record(10, 1.0)  # slow: never below one
-    assert pacer.size == 1
+    pacer.record(10, 1.0)  # slow (a slow disk's fsync): never below `least`
+    assert pacer.size == 2
     for _ in range(20):
         pacer.record(pacer.size, 0.00001)
     assert pacer.size == 1000  # never above the limit

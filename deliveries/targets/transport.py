@@ -40,7 +40,8 @@ def adapter() -> GuardedAdapter:
 def prepared_url(url: str) -> tuple[str, str | None]:
     """`url` as requests sends it (IDNA host, quoted path), and the Basic
     Authorization its user:password, if any, stands for. Targets are few and
-    their URLs fixed: each is parsed once, not on every attempt. Raises
+    their URLs rarely change (an event's query string appended makes a new one):
+    the recent ones are parsed once, not on every attempt. Raises
     requests' InvalidURL / MissingSchema / InvalidSchema (never cached)."""
     request = requests.PreparedRequest()
     request.prepare_url(url, None)

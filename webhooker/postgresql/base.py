@@ -21,10 +21,12 @@ statement on its first run, still through Django's cursor wrapper (execute
 wrappers, error translation, query logging). Django opens psycopg connections
 with preparing switched off altogether (`prepare_threshold=None`, under which
 psycopg ignores `prepare=True`, so these statements were parsed and planned on
-every run); our connections get a threshold no statement reaches by repetition,
-so only what `prepared_cursor()` runs is prepared. Django's own cursors bind on
-the client and never prepare, whatever the threshold. An explicit
-OPTIONS["prepare_threshold"] is kept.
+every run). A PreparedCursor lifts that for its own statements only, for the
+length of each execute: the connection otherwise keeps the threshold off, so
+psycopg does not track the text of every client-bound query Django runs (its
+cache key holds the values). An explicit OPTIONS["prepare_threshold"] is obeyed:
+None there (a pooler that cannot keep prepared statements) means nothing is
+prepared, a number means psycopg's own behaviour.
 """
 
 import select
@@ -34,10 +36,21 @@ from django.db.backends.postgresql import base
 
 
 class PreparedCursor(psycopg.Cursor):
-    """Server-side binding; every statement prepared (kept per connection)."""
+    """Server-side binding; every statement prepared (kept per connection) unless
+    the settings turned preparing off (`allowed`)."""
+
+    allowed = True
 
     def execute(self, query, params=None, *, prepare=True, binary=None):
-        return super().execute(query, params, prepare=prepare, binary=binary)
+        conn = self._conn
+        if not self.allowed or conn.prepare_threshold is not None:
+            prepare = prepare and self.allowed
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        conn.prepare_threshold = ONLY_WHEN_ASKED
+        try:
+            return super().execute(query, params, prepare=prepare, binary=binary)
+        finally:
+            conn.prepare_threshold = None
 
     def _send_query_prepared(self, name, pgq, *, binary=None):
         # psycopg records the query it sent for Django's query log
@@ -46,23 +59,21 @@ class PreparedCursor(psycopg.Cursor):
         return super()._send_query_prepared(name, pgq, binary=binary)
 
 
-# Statements are prepared when asked to (PreparedCursor), never by repetition.
+# While a PreparedCursor executes: statements are prepared when asked to, never
+# by repetition.
 ONLY_WHEN_ASKED = 2**31 - 1
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
-    def get_new_connection(self, conn_params):
-        connection = super().get_new_connection(conn_params)
-        if connection.prepare_threshold is None:
-            connection.prepare_threshold = ONLY_WHEN_ASKED
-        return connection
-
     def prepared_cursor(self):
         """A cursor for statements run over and over: see the module docstring."""
         self.close_if_health_check_failed()
         self.ensure_connection()
         with self.wrap_database_errors:
-            return self._prepare_cursor(PreparedCursor(self.connection))
+            cursor = PreparedCursor(self.connection)
+            options = self.settings_dict["OPTIONS"]
+            cursor.allowed = options.get("prepare_threshold", 0) is not None
+            return self._prepare_cursor(cursor)
 
     def close_if_health_check_failed(self):
         if (
