@@ -10,9 +10,8 @@ So on SQLite a batch is now sized by time, not by count (`Pacer`): each
 transaction aims to hold the lock about HOLD (4 ms), the size following the rate
 the last batches showed (PostgreSQL keeps batches of SERVER_BATCH: its row locks
 hold up no inbound request), its events are chosen before the write transaction
-(READ_AHEAD at a time), and after each one
-the pruner pauses for as long as the batch took, so writers waiting for the lock
-get at least half of the time.
+(READ_AHEAD at a time), and after each one the pruner pauses for as long as the
+batch held the lock, so writers waiting for it get at least half of the time.
 
 Space: deleted rows leave free pages inside the SQLite file. A database created
 with PRAGMA auto_vacuum=INCREMENTAL (settings set it on every connection; SQLite

@@ -31,12 +31,17 @@ def age(days):
     Event.objects.update(received_at=timezone.now() - datetime.timedelta(days=days))
 
 
-@pytest.mark.django_db
-def test_each_batch_is_its_own_transaction_and_the_pruner_yields_after_it(entrypoint):
+def expired(entrypoint, n):
+    """`n` events two days old, past a retention of one day."""
     entrypoint.webhook.retention_days = 1
     entrypoint.webhook.save()
-    store(entrypoint, n=7)
+    store(entrypoint, n=n)
     age(2)
+
+
+@pytest.mark.django_db
+def test_each_batch_is_its_own_transaction_and_the_pruner_yields_after_it(entrypoint):
+    expired(entrypoint, 7)
     stop = Waits()
     removed = retention.prune_events(batch=3, stop=stop)
     assert removed["events"] == 7
@@ -119,10 +124,7 @@ def test_the_pacer_sizes_batches_to_the_hold_it_aims_for():
 
 @pytest.mark.django_db
 def test_a_paced_prune_deletes_everything_old_and_nothing_else(entrypoint):
-    entrypoint.webhook.retention_days = 1
-    entrypoint.webhook.save()
-    store(entrypoint, n=30)
-    age(2)
+    expired(entrypoint, 30)
     store(entrypoint, n=2)  # young
     stop = Waits()
     with CaptureQueriesContext(connection) as queries:
