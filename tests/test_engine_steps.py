@@ -542,3 +542,75 @@ def test_a_nul_in_the_receivers_answer_is_written_not_failing_the_batch(entrypoi
 
     assert write_results([AttemptResult(task, outcome, "delivered", None, 3)]) == {task.delivery_id}
     assert DeliveryResult.objects.get().response_body == "\x1f\x8b\ufffd\ufffdgz"
+
+
+# --- the result writer's batches ---------------------------------------------------
+
+
+class RecordingWriter:
+    """A ResultWriter on its own thread whose writes are recorded, not made."""
+
+    def __init__(self, linger, max_batch):
+        import threading
+
+        from deliveries.engine.writer import ResultWriter
+
+        outer = self
+        self.batches, self.wrote, self.stop = [], threading.Event(), threading.Event()
+
+        class Writer(ResultWriter):
+            LINGER, MAX_BATCH = linger, max_batch
+
+            def write(self, batch):
+                outer.batches.append(batch)
+                outer.wrote.set()
+
+        self.writer = Writer(on_written=None)
+        self.thread = threading.Thread(target=self.writer.run, args=(self.stop,))
+        self.thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(10)
+
+
+def result(delivery_id, *, ordered=False):
+    from types import SimpleNamespace
+
+    from deliveries.engine.attempts import AttemptResult
+
+    task = SimpleNamespace(delivery_id=delivery_id, target=SimpleNamespace(ordered=ordered))
+    return AttemptResult(task, None, "delivered", None, 1)
+
+
+def test_results_arriving_one_by_one_share_a_batch():
+    """A result is not written alone the moment it arrives: at 50 ms a receiver,
+    ten workers finish one every 5 ms, and batches of one cost several times as
+    much per result. Here only the batch limit can end the gathering."""
+    with RecordingWriter(linger=60, max_batch=3) as w:
+        items = [result(i) for i in range(3)]
+        for item in items[:2]:
+            w.writer.submit(item)
+            assert not w.wrote.wait(0.05)
+        w.writer.submit(items[2])
+        assert w.wrote.wait(10)
+    assert w.batches == [items]
+
+
+def test_a_result_an_ordered_target_waits_for_is_written_at_once():
+    """An ordered target's next delivery goes once its head's result is written:
+    that result ends the gathering, with what gathered before it."""
+    with RecordingWriter(linger=60, max_batch=100) as w:
+        plain, ordered = result(1), result(2, ordered=True)
+        w.writer.submit(plain)
+        assert not w.wrote.wait(0.05)
+        w.writer.submit(ordered)
+        assert w.wrote.wait(10)
+        w.wrote.clear()
+        alone = result(3, ordered=True)
+        w.writer.submit(alone)
+        assert w.wrote.wait(10)
+    assert w.batches == [[plain, ordered], [alone]]
