@@ -78,46 +78,54 @@ def latencies(port, path, body, rate, seconds, threads=8, timeout=30.0):
 
 class Trickler:
     """`n` senders that send their headers, then one body byte a second each,
-    reconnecting when the server gives up on them (its body deadline)."""
+    reconnecting when the server gives up on them (its body deadline).
+
+    They run in a process of their own (`python bench/edge.py trickle PORT PATH N`):
+    in the measuring process their 500 sends a second would take the GIL from the
+    threads timing the normal senders, and count against the server. Each sender
+    has its own moment in the second (i/n), as independent clients would."""
 
     def __init__(self, port, path, n):
-        self.port, self.path, self.n = port, path, n
-        self.stop = threading.Event()
-        self.socks = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.args = [sys.executable, __file__, "trickle", str(port), path, str(n)]
+        self.process = None
 
-    def _open(self):
-        sock = socket.create_connection(("127.0.0.1", self.port), timeout=5)
+    def __enter__(self):
+        self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        if self.process.stdout.readline().strip() != "connected":
+            raise RuntimeError("the slow senders could not connect")
+        return self
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def trickle(port, path, n):
+    """The slow senders' process (Trickler)."""
+
+    def connect():
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
         sock.sendall(
-            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             "Content-Length: 100000\r\n\r\n".encode()
         )
         return sock
 
-    def __enter__(self):
-        self.socks = [self._open() for _ in range(self.n)]
-        self.thread.start()
-        return self
-
-    def _run(self):
-        while not self.stop.is_set():
-            started = time.monotonic()
-            for i, sock in enumerate(self.socks):
-                if self.stop.is_set():
-                    return
-                try:
-                    sock.sendall(b" ")
-                except OSError:
-                    sock.close()
-                    with contextlib.suppress(OSError):
-                        self.socks[i] = self._open()
-            self.stop.wait(max(0.0, 1.0 - (time.monotonic() - started)))
-
-    def __exit__(self, *exc):
-        self.stop.set()
-        self.thread.join(10)
-        for sock in self.socks:
-            sock.close()
+    socks = [connect() for _ in range(n)]
+    print("connected", flush=True)
+    while True:
+        started = time.monotonic()
+        for i, sock in enumerate(socks):
+            pause = started + i / n - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            try:
+                sock.sendall(b" ")
+            except OSError:
+                sock.close()
+                with contextlib.suppress(OSError):
+                    socks[i] = connect()
+        time.sleep(max(0.0, started + 1.0 - time.monotonic()))
 
 
 def slow_senders(port, path, body, seconds, n=500, rate=50):
@@ -304,3 +312,7 @@ def sustained_e2e(port, path, body, seconds, sink):
             break
         time.sleep(0.2)
     return len(new) / max(max(new.values(), default=started) - started, 1e-3)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["trickle"]:
+    trickle(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
