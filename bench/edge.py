@@ -91,13 +91,20 @@ class Trickler:
 
     def __enter__(self):
         self.process = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        # A child that fails to connect exits, and readline then returns "".
         if self.process.stdout.readline().strip() != "connected":
+            self.__exit__()
             raise RuntimeError("the slow senders could not connect")
         return self
 
     def __exit__(self, *exc):
         self.process.terminate()
-        self.process.wait(10)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process.stdout.close()
 
 
 def trickle(port, path, n):
@@ -111,9 +118,10 @@ def trickle(port, path, n):
         )
         return sock
 
+    parent = os.getppid()
     socks = [connect() for _ in range(n)]
     print("connected", flush=True)
-    while True:
+    while os.getppid() == parent:  # a bench killed outright leaves no sender behind
         started = time.monotonic()
         for i, sock in enumerate(socks):
             pause = started + i / n - time.monotonic()

@@ -548,7 +548,8 @@ def test_a_nul_in_the_receivers_answer_is_written_not_failing_the_batch(entrypoi
 
 
 class RecordingWriter:
-    """A ResultWriter on its own thread whose writes are recorded, not made."""
+    """A ResultWriter on its own thread whose writes are recorded, not made; a
+    result of an ordered target is awaited."""
 
     def __init__(self, linger, max_batch):
         import threading
@@ -565,8 +566,8 @@ class RecordingWriter:
                 outer.batches.append(batch)
                 outer.wrote.set()
 
-        self.writer = Writer(on_written=None)
-        self.thread = threading.Thread(target=self.writer.run, args=(self.stop,))
+        self.writer = Writer(on_written=None, awaited=lambda item: item.task.target.ordered)
+        self.thread = threading.Thread(target=self.writer.run, args=(self.stop,), daemon=True)
         self.thread.start()
 
     def __enter__(self):
@@ -575,14 +576,17 @@ class RecordingWriter:
     def __exit__(self, *exc):
         self.stop.set()
         self.thread.join(10)
+        assert not self.thread.is_alive()
 
 
-def result(delivery_id, *, ordered=False):
+def result(delivery_id, *, ordered=False, target_id=1):
     from types import SimpleNamespace
 
     from deliveries.engine.attempts import AttemptResult
 
-    task = SimpleNamespace(delivery_id=delivery_id, target=SimpleNamespace(ordered=ordered))
+    task = SimpleNamespace(
+        delivery_id=delivery_id, target_id=target_id, target=SimpleNamespace(ordered=ordered)
+    )
     return AttemptResult(task, None, "delivered", None, 1)
 
 
@@ -600,9 +604,17 @@ def test_results_arriving_one_by_one_share_a_batch():
     assert w.batches == [items]
 
 
-def test_a_result_an_ordered_target_waits_for_is_written_at_once():
-    """An ordered target's next delivery goes once its head's result is written:
-    that result ends the gathering, with what gathered before it."""
+def test_a_batch_is_written_when_its_gathering_time_is_up():
+    with RecordingWriter(linger=0.5, max_batch=100) as w:
+        items = [result(1), result(2)]
+        for item in items:
+            w.writer.submit(item)
+        assert w.wrote.wait(10)
+    assert w.batches == [items]
+
+
+def test_a_result_something_waits_for_is_written_at_once():
+    """The item `awaited` names ends the gathering, with what gathered before it."""
     with RecordingWriter(linger=60, max_batch=100) as w:
         plain, ordered = result(1), result(2, ordered=True)
         w.writer.submit(plain)
@@ -614,3 +626,16 @@ def test_a_result_an_ordered_target_waits_for_is_written_at_once():
         w.writer.submit(alone)
         assert w.wrote.wait(10)
     assert w.batches == [[plain, ordered], [alone]]
+
+
+def test_the_engine_awaits_results_of_ordered_and_of_full_targets():
+    """Their next delivery is claimed only once this one is released, after its
+    write: an ordered target's next head, a target at max_queue_size's next row."""
+    from deliveries.engine.writer import NotBefore
+
+    engine = make_engine()
+    assert not engine.awaited(result(1, target_id=7))
+    assert engine.awaited(result(1, target_id=7, ordered=True))
+    engine.overflow.note(7, 100)
+    assert engine.awaited(result(1, target_id=7))
+    assert not engine.awaited(NotBefore(target_id=7, at=timezone.now()))

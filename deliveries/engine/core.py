@@ -94,7 +94,7 @@ class Engine:
             disable_after=config.disable_after,
             alert_breaker_after=config.alert_breaker_after,
         )
-        self.writer = ResultWriter(on_written=self.written)
+        self.writer = ResultWriter(on_written=self.written, awaited=self.awaited)
         self.intake = Intake(
             claimer=self.claimer,
             channel=self.channel,
@@ -429,6 +429,17 @@ class Engine:
             self.writer.submit(item)
         else:
             self.writer.write([item])
+
+    def awaited(self, item) -> bool:
+        """Whether the next claim of the item's target waits for its write: an
+        ordered target's next delivery, or one of a target at its max_queue_size,
+        goes only once this one is released, which follows its write."""
+        task = getattr(item, "task", None)
+        if task is None:
+            return False
+        return bool(task.target is not None and task.target.ordered) or (
+            task.target_id in self.overflow
+        )
 
     def written(self, result: AttemptResult, written: Written) -> None:
         """After the writer's transaction: schedule the retry or let the task go."""

@@ -228,7 +228,9 @@ class Runner:
             self.manager.close()
 
     def idle(self) -> bool:
-        """Nothing queued, running or being written; only scheduled retries held."""
+        """Nothing queued, running or being written; only scheduled retries held.
+        (A result in a batch the writer is still gathering is not in its queue, but
+        its delivery is still held: inflight.held() counts it.)"""
         engine = self.engine
         return (
             engine.channel.depth() == 0

@@ -59,12 +59,20 @@ class ResultWriter:
     # 50 ms lets ten workers finish an attempt every 5 ms, each alone in its batch
     # if written at once, and a batch of one costs the engine and PostgreSQL
     # several times a batch of five per result (bench/RESULTS.md). Only the write
-    # waits, never the attempt; a result something waits on (an ordered target's
-    # next delivery goes once it is written) ends the gathering at once.
+    # waits, never the attempt; a result something waits on (`awaited`) ends the
+    # gathering at once.
     LINGER = 0.01
 
-    def __init__(self, *, on_written: Callable[[AttemptResult, Written], None]):
+    def __init__(
+        self,
+        *,
+        on_written: Callable[[AttemptResult, Written], None],
+        awaited: Callable[[AttemptResult | NotBefore], bool] = lambda item: False,
+    ):
         self.on_written = on_written
+        # Whether something waits for this item's write (Engine.awaited): it ends
+        # the gathering of its batch at once.
+        self.awaited = awaited
         self._queue = queue.SimpleQueue()
         self.running = False
 
@@ -86,14 +94,14 @@ class ResultWriter:
                         return
                     continue
                 batch = [first]
-                until = time.monotonic() + (0 if _awaited(first) else self.LINGER)
+                until = time.monotonic() + (0 if self.awaited(first) else self.LINGER)
                 while len(batch) < self.MAX_BATCH:
                     try:
                         item = self._queue.get(timeout=max(0.0, until - time.monotonic()))
                     except queue.Empty:
                         break
                     batch.append(item)
-                    if _awaited(item):
+                    if self.awaited(item):
                         until = 0
                 connection.close_if_unusable_or_obsolete()
                 self.write(batch)
@@ -125,13 +133,6 @@ class ResultWriter:
         for result in results:
             gone = result.task.delivery_id not in existing
             self.on_written(result, Written.GONE if gone else Written.COMMITTED)
-
-
-def _awaited(item) -> bool:
-    """Whether something waits for this result to be written: an ordered target's
-    next delivery is claimed only once its head's result is committed."""
-    target = getattr(item, "task", None) and item.task.target
-    return bool(target is not None and target.ordered)
 
 
 # The columns of a delivery's status written for each attempt. Only these:
