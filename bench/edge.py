@@ -136,11 +136,17 @@ def trickle(port, path, n):
         time.sleep(max(0.0, started + 1.0 - time.monotonic()))
 
 
-def slow_senders(port, path, body, seconds, n=500, rate=50):
-    """Normal senders' p99 with `n` slow senders connected, against it without."""
-    idle = [ms for ms, status in latencies(port, path, body, rate, seconds)]
-    with Trickler(port, path, n):
-        loaded = latencies(port, path, body, rate, seconds)
+def slow_senders(port, path, body, seconds, n=500, rate=50, rounds=2):
+    """Normal senders' p99 with `n` slow senders connected, against it without.
+
+    In interleaved rounds, each condition's samples pooled: a p99 of a few hundred
+    samples is its few worst, and a stall of the machine (or of the disk's fsync)
+    in one phase alone would otherwise decide the ratio."""
+    idle, loaded = [], []
+    for _ in range(rounds):
+        idle += [ms for ms, status in latencies(port, path, body, rate, seconds / rounds)]
+        with Trickler(port, path, n):
+            loaded += latencies(port, path, body, rate, seconds / rounds)
     ok = sum(1 for _, status in loaded if status == 200)
     p99_idle = percentile(idle, 99)
     p99_loaded = percentile([ms for ms, _ in loaded], 99)

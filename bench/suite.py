@@ -411,7 +411,7 @@ def main():
 
         path = f"/webhook/{code}"
         log("500 slow senders: normal senders' p99 with them connected, against without")
-        figures.update(edge.slow_senders(port, path, BODY, max(2.0, SECONDS / 2)))
+        figures.update(edge.slow_senders(port, path, BODY, max(2.0, SECONDS)))
         log("a flood past capacity (256 connections, 2 s client timeout), then recovery")
         figures.update(edge.flood(port, path, BODY, max(2.0, SECONDS / 2), Event.objects.count))
         prune_hook = webhook("prune")
