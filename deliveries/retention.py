@@ -157,31 +157,35 @@ def _delete(ids) -> tuple[Counter, float]:
     q = connection.ops.quote_name
     event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
     marks = ", ".join(["%s"] * len(ids))
-    unfinished = ", ".join(["%s"] * len(Delivery.UNFINISHED))
     with transaction.atomic():
         began = time.monotonic()
-        _delete_in(ids, removed, (event, delivery, result), marks, unfinished)
+        _delete_in(ids, removed, (event, delivery, result), marks)
     return removed, time.monotonic() - began
 
 
-def _delete_in(ids, removed: Counter, tables, marks: str, unfinished: str) -> None:
+_UNFINISHED = frozenset(map(str, Delivery.UNFINISHED))
+
+
+def _delete_in(ids, removed: Counter, tables, marks: str) -> None:
     event, delivery, result = tables
+    lock = ""
     with connection.cursor() as cursor:
         if connection.features.has_select_for_update:
             # Lock the events and their deliveries, then look again: a redeliver
             # or replay that committed since the SELECT keeps its event
             # (PostgreSQL; SQLite's single writer already rules it out).
             cursor.execute(f"SELECT id FROM {event} WHERE id IN ({marks}) FOR UPDATE", ids)  # noqa: S608
-            cursor.execute(
-                f"SELECT id FROM {delivery} WHERE event_id IN ({marks}) FOR UPDATE",  # noqa: S608
-                ids,
-            )
+            lock = " FOR UPDATE"
+        # Every delivery of the batch, by its event, the status looked at here: with
+        # the status in the WHERE, SQLite chose the index of unfinished deliveries
+        # for a batch of ten and read every unfinished one in the database each
+        # time (60 000 pending deliveries: 166 events pruned a second, inbound p95
+        # 4.3x idle; tests/test_retention.py).
         cursor.execute(
-            f"SELECT DISTINCT event_id FROM {delivery} "  # noqa: S608
-            f"WHERE event_id IN ({marks}) AND status IN ({unfinished})",
-            [*ids, *map(str, Delivery.UNFINISHED)],
+            f"SELECT event_id, status FROM {delivery} WHERE event_id IN ({marks}){lock}",  # noqa: S608
+            ids,
         )
-        busy = {row[0] for row in cursor.fetchall()}
+        busy = {event_id for event_id, status in cursor.fetchall() if status in _UNFINISHED}
         if busy:
             ids = [i for i in ids if i not in busy]
             if not ids:

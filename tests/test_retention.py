@@ -4,7 +4,7 @@ import datetime
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -138,3 +138,42 @@ def test_a_paced_prune_deletes_everything_old_and_nothing_else(entrypoint):
     # read finds nothing.
     reads = [q for q in queries if q["sql"].startswith('SELECT "deliveries_event"."id"')]
     assert len(reads) == 2
+
+
+def explain(sql: str) -> str:
+    """The plan of `sql`; on PostgreSQL with sequential scans off, so a test's few
+    rows show the index it would use rather than a scan of a tiny table."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "sqlite":
+            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
+            return "\n".join(str(row[-1]) for row in cursor.fetchall())
+        with transaction.atomic():
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute(f"EXPLAIN {sql}")
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.django_db
+def test_the_unfinished_check_reads_the_batchs_deliveries_not_every_unfinished_one(
+    entrypoint, make_target
+):
+    """Measured: with 60 000 pending deliveries of other events in the database,
+    SQLite ran "which of these events has an unfinished delivery" through
+    delivery_unfinished_idx, every unfinished delivery read for each batch: 166
+    events pruned a second and inbound p95 4.3x idle, against 3 000 and 1.9x
+    without them. The batch's deliveries are found by their event."""
+    make_target(url="http://127.0.0.1:9/x")
+    # A batch's worth: with three ids SQLite chose the event's index anyway.
+    expired(entrypoint, retention.FIRST_BATCH)
+    with CaptureQueriesContext(connection) as queries:
+        retention._delete(list(Event.objects.values_list("id", flat=True)))
+    reads = [
+        q["sql"]
+        for q in queries
+        if q["sql"].startswith("SELECT") and '"deliveries_delivery"' in q["sql"]
+    ]
+    assert reads
+    for sql in reads:
+        text = explain(sql)
+        assert "unfinished" not in text and "status" not in text, text
+        assert "Seq Scan" not in text and "SCAN" not in text.replace("SEARCH", ""), text
