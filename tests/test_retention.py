@@ -150,7 +150,10 @@ def explain(sql: str) -> str:
         with transaction.atomic():
             cursor.execute("SET LOCAL enable_seqscan = off")
             cursor.execute(f"EXPLAIN {sql}")
-            return "\n".join(row[0] for row in cursor.fetchall())
+            text = "\n".join(row[0] for row in cursor.fetchall())
+            # Rolled back, the setting with it: a released savepoint would keep it.
+            transaction.set_rollback(True)
+            return text
 
 
 @pytest.mark.django_db
