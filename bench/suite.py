@@ -259,20 +259,21 @@ def drained_rate(ids):
 
 
 def wait_delivered(ids, timeout):
-    """Until every one of `ids` is delivered. The rates are read from the results'
-    own times (drained_rate), so a slow poll costs no precision; a fast one would
-    take CPU from the engines being measured (at 50 ms, about a tenth of a core
-    with 8 000 ids)."""
+    """Until every one of `ids` is delivered. Polled with one query that reads the
+    deliveries between the lowest and the highest id by the primary key: a backlog's
+    ids are consecutive, and none of them can be undelivered once nothing in their
+    range is (a delivery of someone else's in the range could only make the wait
+    longer). Asking for each id by name (900 bound parameters a query) cost the
+    measuring process 95 ms of CPU per poll with 8 000 ids, and PostgreSQL 60 ms more:
+    a third of a core taken from the engines being measured. The rates are read from
+    the results' own times (drained_rate), so the poll's interval costs no precision."""
     from deliveries.models import Delivery
 
-    chunks = [ids[i : i + 900] for i in range(0, len(ids), 900)]
+    unfinished = Delivery.objects.filter(id__range=(min(ids), max(ids))).exclude(status="delivered")
     wait_until(
-        lambda: (
-            sum(Delivery.objects.filter(id__in=c, status="delivered").count() for c in chunks)
-            == len(ids)
-        ),
+        lambda: not unfinished.exists(),
         timeout=timeout,
-        interval=0.5,
+        interval=0.2,
         message=f"{len(ids)} deliveries",
     )
 

@@ -1,6 +1,6 @@
 """A deadline for a whole outbound attempt, not just for each socket operation.
 
-requests' timeout bounds every connect and every read, not the attempt: a receiver
+The transport's timeout bounds every connect and every read, not the attempt: a receiver
 that sends one byte every few seconds holds a worker for as long as it likes, and a
 few such targets would hold them all. One watchdog thread keeps the deadline of
 every running attempt in a heap; when one passes, it shuts down the socket that

@@ -5,11 +5,17 @@ self-signed certificate", "timed out after 10 s"); the library's own text follow
 on the next line, for whoever needs the detail.
 """
 
+import http.client
 import socket
 import ssl
 
-import requests
-from urllib3.exceptions import NameResolutionError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    NameResolutionError,
+    NewConnectionError,
+    ProtocolError,
+)
+from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 
 def causes(exc: BaseException) -> list[BaseException]:
@@ -49,15 +55,22 @@ def summary(exc: BaseException, timeout: float) -> str:
             return "DNS name not found"
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
+        # A ConnectionResetError too, but a different story: the connection was
+        # taken and the request sent, and no status line ever came back.
+        if isinstance(cause, http.client.RemoteDisconnected):
+            return "the receiver closed the connection without answering"
         if isinstance(cause, ConnectionResetError):
             return "connection reset by the receiver"
-    if isinstance(exc, requests.ConnectTimeout):
+    if connect_timed_out(exc):
         return f"could not connect within {timeout:g} s"
-    if isinstance(exc, requests.Timeout):
+    if isinstance(exc, Urllib3Timeout | TimeoutError):
         return f"timed out after {timeout:g} s"
-    if isinstance(exc, requests.ConnectionError):
-        for cause in chain:
-            if "RemoteDisconnected" in type(cause).__name__:
-                return "the receiver closed the connection without answering"
+    if isinstance(exc, NewConnectionError | ProtocolError | ConnectionError):
         return "connection failed"
     return f"{type(exc).__name__}"
+
+
+def connect_timed_out(exc: BaseException) -> bool:
+    """Whether `exc` is a connect that took too long (urllib3's NewConnectionError
+    is a ConnectTimeoutError too, though it means the connection failed)."""
+    return isinstance(exc, ConnectTimeoutError) and not isinstance(exc, NewConnectionError)

@@ -8,10 +8,10 @@ check and connect: a DNS answer that changes (rebinding) meets the same check.
 
 import socket
 
-from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from urllib3.poolmanager import PoolManager
 from urllib3.util import connection
 
 from deliveries import ssrf
@@ -75,17 +75,20 @@ class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
     ConnectionCls = GuardedHTTPSConnection
 
 
-class GuardedAdapter(HTTPAdapter):
-    def init_poolmanager(self, *args, **kwargs):
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {
-            "http": GuardedHTTPConnectionPool,
-            "https": GuardedHTTPSConnectionPool,
-        }
+def guarded_pools(**kwargs) -> PoolManager:
+    """A PoolManager (`kwargs` as urllib3 takes them) whose pools connect only
+    through the guard."""
+    manager = PoolManager(**kwargs)
+    manager.pool_classes_by_scheme = {
+        "http": GuardedHTTPConnectionPool,
+        "https": GuardedHTTPSConnectionPool,
+    }
+    return manager
 
 
 def blocked_reason(exc: BaseException) -> str | None:
-    """The guard's refusal behind a requests exception, if that is what it was."""
+    """The guard's refusal behind an exception of the transport, if that is what
+    it was."""
     for cause in causes(exc):
         if isinstance(cause, ssrf.BlockedAddress):
             return str(cause)
