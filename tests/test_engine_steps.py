@@ -3,6 +3,8 @@
 import datetime
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, Event, Target
@@ -141,6 +143,33 @@ def test_gaps_that_never_fill_are_forgotten(entrypoint, make_target):
     clock[0] += engine.intake.GAP_TTL + 1
     engine.intake_once()
     assert not engine.intake.gaps
+
+
+def test_a_run_of_missing_ids_is_looked_up_as_one_range(entrypoint, make_target):
+    """Recent deliveries deleted (a target removed, a backlog cleared) leave a run of
+    ids the cursor passes over. It is still watched for GAP_TTL seconds, but as one
+    range: looking each id up by name cost one bound parameter per id on every pass
+    (10 000 of them, a third of an engine's CPU in the scale-out benchmark)."""
+    target = make_target(url="http://127.0.0.1:9/x")
+    engine = started_engine()
+    store(entrypoint, n=1)
+    assert engine.intake_once() == 1
+    events = store(entrypoint, n=300)
+    Delivery.objects.filter(event__in=events[:-1]).delete()
+    assert engine.intake_once() == 1
+    assert len(engine.intake.gaps) == 299
+    with CaptureQueriesContext(connection) as queries:
+        assert engine.intake_once() == 0
+    gap_lookups = [q["sql"] for q in queries if "BETWEEN" in q["sql"] or " IN (" in q["sql"]]
+    assert gap_lookups and all(len(sql) < 1_000 for sql in gap_lookups), gap_lookups
+    missing = sorted(engine.intake.gaps)
+    # A delivery committed late into the middle of the run.
+    Delivery.objects.create(id=missing[100], event=events[100], target=target)
+    assert engine.intake_once() == 1
+    assert engine.inflight.owns(missing[100])
+    assert missing[100] not in engine.intake.gaps
+    assert missing[99] in engine.intake.gaps and missing[101] in engine.intake.gaps
+    assert len(engine.intake.gaps) == 298
 
 
 def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):

@@ -11,8 +11,10 @@ Three sources, one claim path (claims.Claimer):
   ids come from a sequence taken at INSERT, so a transaction can commit a lower id
   after a higher one was read. An id skipped by the cursor is remembered as a gap
   and looked up again on every pass for GAP_TTL seconds: a late commit is taken
-  within one poll interval, and a gap that never fills (a rolled-back transaction)
-  is forgotten.
+  within one poll interval, and a gap that never fills (a rolled-back transaction,
+  a deleted row) is forgotten. Gaps are kept and looked up as runs of consecutive
+  ids (`Gaps`): deleting a few thousand recent deliveries makes one run, not a
+  few thousand ids to name in every pass's query.
 * Requeued rows: pending rows that were attempted before, i.e. set back to pending
   by a redeliver. Their ids are old, so the cursor cannot see them; a rotating scan
   over a partial index that holds only such rows finds them.
@@ -21,15 +23,96 @@ Three sources, one claim path (claims.Claimer):
   again they are read back from where the skip happened, per target.
 """
 
+import bisect
+import functools
+import operator
 import time
+
+from django.db.models import Q
 
 from deliveries.engine.claims import CANDIDATE_FIELDS
 from deliveries.models import Delivery
 
 
+class Gaps:
+    """Ids the cursor passed while no row had them, as runs of consecutive ids
+    (`[low, high, noted_at]`), in id order, which is also the order they were noted in.
+
+    At most `limit` runs are kept (the oldest dropped: the recovery tick still
+    finds a row committed there, a minute late at worst). Each lookup names at most
+    `per_lookup` runs, rotating through them when there are more.
+    """
+
+    def __init__(self, *, limit: int, per_lookup: int):
+        self.limit = limit
+        self.per_lookup = per_lookup
+        self._runs: list[list] = []
+        self._next = 0  # where the next lookup starts, when not every run fits in one
+
+    def note(self, low: int, high: int, now: float) -> None:
+        self._runs.append([low, high, now])
+        if len(self._runs) > self.limit:
+            self._drop(len(self._runs) - self.limit)
+
+    def expire(self, cutoff: float) -> None:
+        """Forget the runs noted before `cutoff`."""
+        old = 0
+        while old < len(self._runs) and self._runs[old][2] < cutoff:
+            old += 1
+        self._drop(old)
+
+    def _drop(self, count: int) -> None:
+        del self._runs[:count]
+        self._next = max(0, self._next - count)
+
+    def lookup(self) -> Q | None:
+        """The condition that reads the next `per_lookup` runs."""
+        if not self._runs:
+            return None
+        if self._next >= len(self._runs):
+            self._next = 0
+        runs = self._runs[self._next : self._next + self.per_lookup]
+        self._next += len(runs)
+        return functools.reduce(
+            operator.or_,
+            (Q(id=low) if low == high else Q(id__range=(low, high)) for low, high, _ in runs),
+        )
+
+    def discard(self, delivery_id: int) -> None:
+        """The id was filled: stop looking for it."""
+        at = bisect.bisect_right(self._runs, delivery_id, key=operator.itemgetter(0)) - 1
+        if at < 0:
+            return
+        low, high, noted = self._runs[at]
+        if not low <= delivery_id <= high:
+            return
+        pieces = [[low, delivery_id - 1, noted], [delivery_id + 1, high, noted]]
+        pieces = [piece for piece in pieces if piece[0] <= piece[1]]
+        self._runs[at : at + 1] = pieces
+        if at < self._next:
+            self._next += len(pieces) - 1
+
+    def __contains__(self, delivery_id: int) -> bool:
+        at = bisect.bisect_right(self._runs, delivery_id, key=operator.itemgetter(0)) - 1
+        return at >= 0 and delivery_id <= self._runs[at][1]
+
+    def __iter__(self):
+        for low, high, _ in self._runs:
+            yield from range(low, high + 1)
+
+    def __len__(self) -> int:
+        """How many ids are missing."""
+        return sum(high - low + 1 for low, high, _ in self._runs)
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+
 class Intake:
     GAP_TTL = 60.0
-    MAX_GAPS = 10_000
+    # Runs of missing ids kept, and named in one pass's query.
+    MAX_GAP_RUNS = 1_000
+    GAP_RUNS_PER_PASS = 50
     # At start the cursor is put this far below the newest id, so rows committed
     # out of order just before the start are read by the first passes.
     START_MARGIN = 1_000
@@ -48,7 +131,7 @@ class Intake:
         # seen rows (or above the start margin), never below the first.
         self.last_seen: int | None = None
         self.gap_floor = 0
-        self.gaps: dict[int, float] = {}
+        self.gaps = Gaps(limit=self.MAX_GAP_RUNS, per_lookup=self.GAP_RUNS_PER_PASS)
         self.requeue_pos = 0
         # Set by a pass that read a full page somewhere: more rows may be waiting.
         self.more = False
@@ -120,19 +203,17 @@ class Intake:
         return dispatched
 
     def _from_gaps(self, room):
-        if not self.gaps:
+        self.gaps.expire(self.clock() - self.GAP_TTL)
+        lookup = self.gaps.lookup()
+        if lookup is None:
             return [], _nothing
-        cutoff = self.clock() - self.GAP_TTL
-        for delivery_id in [d for d, seen in self.gaps.items() if seen < cutoff]:
-            del self.gaps[delivery_id]
-        ids = sorted(self.gaps)[:room]
-        if not ids:
-            return [], _nothing
-        rows = list(Delivery.objects.filter(id__in=ids).values_list(*CANDIDATE_FIELDS))
+        rows = list(
+            Delivery.objects.filter(lookup).order_by("id").values_list(*CANDIDATE_FIELDS)[:room]
+        )
 
         def commit(tasks):
             for row in rows:  # filled: committed at last, whatever its status now
-                self.gaps.pop(row[0], None)
+                self.gaps.discard(row[0])
 
         return rows, commit
 
@@ -155,18 +236,12 @@ class Intake:
             for row in rows:
                 low = max(self.last_seen or 0, self.gap_floor) + 1
                 if self.last_seen is not None and row[0] > low:
-                    self._note_gaps(range(low, row[0]), now)
+                    self.gaps.note(low, row[0] - 1, now)
                 self.last_seen = max(row[0], self.last_seen or 0)
             self.cursor = rows[-1][0]
             self.more |= len(rows) == room
 
         return rows, commit
-
-    def _note_gaps(self, ids, now):
-        for delivery_id in ids:
-            if len(self.gaps) >= self.MAX_GAPS:
-                return
-            self.gaps[delivery_id] = now
 
     def _requeued(self, room):
         rows = list(

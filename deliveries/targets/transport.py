@@ -41,6 +41,8 @@ USER_AGENT = "webhooker/0.1"
 # Hosts a worker thread keeps connections to (each pool one connection: a thread
 # makes one attempt at a time). The least recently used is closed past this.
 POOLS_PER_THREAD = 32
+# The public roots requests ships (certifi's bundle).
+_ROOTS = requests.certs.where()
 
 
 def pools() -> PoolManager:
@@ -84,9 +86,6 @@ def tls_settings() -> dict:
     """The pool settings of https targets: certificates verified against
     DELIVERY_CA_BUNDLE (a private CA) or the public roots requests ships."""
     return {"cert_reqs": "CERT_REQUIRED", "ca_certs": settings.DELIVERY_CA_BUNDLE or _ROOTS}
-
-
-_ROOTS = requests.certs.where()
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
