@@ -17,6 +17,7 @@ from deliveries.engine.partitions import (
     lock_holders,
     plan,
     record_partition_count,
+    warn_without_autovacuum,
 )
 from deliveries.models import Delivery, EngineCluster
 from tests.engine_helpers import make_engine, pump, store
@@ -162,6 +163,17 @@ def test_the_partition_count_is_recorded_once_and_a_mismatch_refuses():
     with pytest.raises(PartitionMismatch, match=r"use 64 partitions.*DELIVERY_PARTITIONS is 16"):
         record_partition_count(16)
     assert EngineCluster.objects.get().partitions == 64
+
+
+def test_an_engine_warns_when_the_server_does_not_autovacuum(caplog):
+    postgresql_only()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW autovacuum")
+        off = cursor.fetchone()[0] == "off"
+        with caplog.at_level("WARNING", logger="deliveries.engine"):
+            assert warn_without_autovacuum(cursor) is off
+    warned = [r.getMessage() for r in caplog.records if "autovacuum off" in r.getMessage()]
+    assert len(warned) == int(off)
 
 
 class Pooled:

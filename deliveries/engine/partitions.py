@@ -377,6 +377,24 @@ def check_session(conn, member: int) -> None:
         )
 
 
+def warn_without_autovacuum(cursor) -> bool:
+    """Log a warning, once at start, when the server runs with autovacuum off;
+    return whether it does. Every delivery's status change and every prune leaves
+    dead rows: without vacuuming they are never reclaimed, the tables and their
+    indexes only grow, and the engine's claims and the admin's lists slow down
+    with them."""
+    cursor.execute("SHOW autovacuum")
+    off = cursor.fetchone()[0] != "on"
+    if off:
+        logger.warning(
+            "PostgreSQL runs with autovacuum off: the dead rows every delivery and "
+            "every prune leave are never reclaimed, and the engine's queries slow "
+            "down as they pile up. Turn autovacuum on, or run VACUUM ANALYZE on a "
+            "schedule (README: Retention)."
+        )
+    return off
+
+
 def record_partition_count(count: int) -> int:
     """Record `count` as the database's partition count at the first engine start;
     raise PartitionMismatch if another count is recorded."""

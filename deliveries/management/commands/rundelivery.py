@@ -18,6 +18,7 @@ from deliveries.engine.partitions import (
     Partitions,
     SessionUnsupported,
     record_partition_count,
+    warn_without_autovacuum,
 )
 from deliveries.engine.runner import Runner
 from deliveries.engine.wakeup import PostgresListener, SocketListener
@@ -94,6 +95,8 @@ class Command(BaseCommand):
             count = record_partition_count(settings.DELIVERY_PARTITIONS)
         except PartitionMismatch as exc:
             raise CommandError(str(exc)) from None
+        with connection.cursor() as cursor:
+            warn_without_autovacuum(cursor)
         engine = Engine(config, partitions=Partitions(count, held=()))
         manager = PartitionManager(
             engine,
