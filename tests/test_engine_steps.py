@@ -7,6 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from deliveries.engine.intake import Gaps
 from deliveries.models import Delivery, DeliveryResult, Event, Target
 from tests.engine_helpers import attempt_one, make_engine, pump, started_engine, store
 
@@ -170,6 +171,25 @@ def test_a_run_of_missing_ids_is_looked_up_as_one_range(entrypoint, make_target)
     assert missing[100] not in engine.intake.gaps
     assert missing[99] in engine.intake.gaps and missing[101] in engine.intake.gaps
     assert len(engine.intake.gaps) == 298
+
+
+def test_gap_runs_rotate_split_expire_and_are_bounded():
+    gaps = Gaps(limit=3, per_lookup=2)
+    gaps.note(10, 19, now=1.0)
+    gaps.note(30, 30, now=2.0)
+    gaps.note(40, 44, now=3.0)
+    assert gaps.next_runs() == [(10, 19), (30, 30)]
+    assert gaps.next_runs() == [(10, 19), (30, 30)]  # not moved on until looked up
+    gaps.looked_up(2)
+    assert gaps.next_runs() == [(40, 44)]
+    gaps.looked_up(1)
+    gaps.discard(15)  # filled inside a run: it splits
+    assert 15 not in gaps and 14 in gaps and 16 in gaps and len(gaps) == 15
+    assert gaps.next_runs() == [(10, 14), (16, 19)]  # wrapped around
+    gaps.note(50, 50, now=4.0)  # five runs past a limit of three: the oldest two go
+    assert 14 not in gaps and 16 not in gaps and 30 in gaps and 50 in gaps
+    gaps.expire(cutoff=3.5)
+    assert list(gaps) == [50]
 
 
 def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):

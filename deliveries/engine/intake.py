@@ -65,18 +65,16 @@ class Gaps:
         del self._runs[:count]
         self._next = max(0, self._next - count)
 
-    def lookup(self) -> Q | None:
-        """The condition that reads the next `per_lookup` runs."""
-        if not self._runs:
-            return None
+    def next_runs(self) -> list[tuple[int, int]]:
+        """The next `per_lookup` runs (low, high) to look up, from where the last
+        lookup ended; `looked_up` moves on past them once their rows are claimed."""
         if self._next >= len(self._runs):
             self._next = 0
-        runs = self._runs[self._next : self._next + self.per_lookup]
-        self._next += len(runs)
-        return functools.reduce(
-            operator.or_,
-            (Q(id=low) if low == high else Q(id__range=(low, high)) for low, high, _ in runs),
-        )
+        window = self._runs[self._next : self._next + self.per_lookup]
+        return [(low, high) for low, high, _ in window]
+
+    def looked_up(self, count: int) -> None:
+        self._next += count
 
     def discard(self, delivery_id: int) -> None:
         """The id was filled: stop looking for it."""
@@ -204,14 +202,19 @@ class Intake:
 
     def _from_gaps(self, room):
         self.gaps.expire(self.clock() - self.GAP_TTL)
-        lookup = self.gaps.lookup()
-        if lookup is None:
+        runs = self.gaps.next_runs()
+        if not runs:
             return [], _nothing
+        lookup = functools.reduce(
+            operator.or_,
+            (Q(id=low) if low == high else Q(id__range=(low, high)) for low, high in runs),
+        )
         rows = list(
             Delivery.objects.filter(lookup).order_by("id").values_list(*CANDIDATE_FIELDS)[:room]
         )
 
         def commit(tasks):
+            self.gaps.looked_up(len(runs))
             for row in rows:  # filled: committed at last, whatever its status now
                 self.gaps.discard(row[0])
 
