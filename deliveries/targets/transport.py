@@ -38,9 +38,9 @@ from deliveries.targets.guard import blocked_reason, guarded_pools
 _local = threading.local()
 
 USER_AGENT = "webhooker/0.1"
-# Hosts a worker thread keeps connections to (each pool one connection: a thread
-# makes one attempt at a time). The least recently used is closed past this.
-POOLS_PER_THREAD = 32
+# Hosts a worker thread keeps a connection to (one each: a thread makes one attempt
+# at a time); past this the least recently used is closed. requests' default.
+POOLS_PER_THREAD = 10
 # The public roots requests ships (certifi's bundle).
 _ROOTS = requests.certs.where()
 
