@@ -174,22 +174,30 @@ def test_a_run_of_missing_ids_is_looked_up_as_one_range(entrypoint, make_target)
 
 
 def test_gap_runs_rotate_split_expire_and_are_bounded():
-    gaps = Gaps(limit=3, per_lookup=2)
+    gaps = Gaps(limit=5, per_lookup=2)
     gaps.note(10, 19, now=1.0)
+    assert gaps.next_runs() == ([(10, 19)], 0)  # all of them while they fit
     gaps.note(30, 30, now=2.0)
     gaps.note(40, 44, now=3.0)
-    assert gaps.next_runs() == [(10, 19), (30, 30)]
-    assert gaps.next_runs() == [(10, 19), (30, 30)]  # not moved on until looked up
-    gaps.looked_up(2)
-    assert gaps.next_runs() == [(40, 44)]
+    # Past per_lookup: the newest run every time, the older ones in turn.
+    assert gaps.next_runs() == ([(10, 19), (40, 44)], 1)
+    assert gaps.next_runs() == ([(10, 19), (40, 44)], 1)  # not moved on until looked up
     gaps.looked_up(1)
-    gaps.discard(15)  # filled inside a run: it splits
+    assert gaps.next_runs() == ([(30, 30), (40, 44)], 1)
+    gaps.looked_up(1)
+    assert gaps.next_runs()[0] == [(10, 19), (40, 44)]  # wrapped around
+    gaps.looked_up(1)
+    gaps.discard(15)  # filled inside a run: it splits, and the rotation keeps its place
     assert 15 not in gaps and 14 in gaps and 16 in gaps and len(gaps) == 15
-    assert gaps.next_runs() == [(10, 14), (16, 19)]  # wrapped around
-    gaps.note(50, 50, now=4.0)  # five runs past a limit of three: the oldest two go
-    assert 14 not in gaps and 16 not in gaps and 30 in gaps and 50 in gaps
+    assert gaps.next_runs()[0] == [(30, 30), (40, 44)]  # both halves were looked up
+    gaps.discard(30)  # a run of one filled: it goes, and the rotation starts over
+    assert gaps.next_runs()[0] == [(10, 14), (40, 44)]
+    gaps.note(50, 50, now=4.0)
+    gaps.note(60, 60, now=5.0)
+    gaps.note(70, 70, now=6.0)  # six runs past a limit of five: the oldest goes
+    assert 14 not in gaps and 16 in gaps and 70 in gaps
     gaps.expire(cutoff=3.5)
-    assert list(gaps) == [50]
+    assert list(gaps) == [50, 60, 70]
 
 
 def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):

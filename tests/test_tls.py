@@ -5,15 +5,19 @@ test sets DELIVERY_CA_BUNDLE, as an operator with a private CA would.
 """
 
 import datetime
+import errno
 import http.server
+import re
 import socket
 import ssl
 import threading
 
 import pytest
 import trustme
+from urllib3.exceptions import NewConnectionError
 
 from deliveries.models import Delivery, DeliveryResult
+from deliveries.targets.errors import summary
 from tests.engine_helpers import attempt_one
 
 pytestmark = pytest.mark.django_db
@@ -146,7 +150,15 @@ def listener():
 def test_a_receiver_that_closes_without_answering(entrypoint, make_target, listener):
     def hang_up():
         conn, _ = listener.accept()
-        conn.recv(65536)
+        # The whole request first (head and body come in separate sends): closing
+        # with some of it unread would answer with a reset instead.
+        received = b""
+        while b"\r\n\r\n" not in received:
+            received += conn.recv(65536)
+        head, _, body = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"content-length: *(\d+)", head, re.I).group(1))
+        while len(body) < length:
+            body += conn.recv(65536)
         conn.close()
 
     threading.Thread(target=hang_up, daemon=True).start()
@@ -154,6 +166,15 @@ def test_a_receiver_that_closes_without_answering(entrypoint, make_target, liste
     first, detail = result.error.split("\n", 1)
     assert first == "the receiver closed the connection without answering"
     assert "RemoteDisconnected" in detail
+
+
+def test_a_connection_that_fails_at_once_is_not_called_a_timeout():
+    # urllib3's NewConnectionError is a ConnectTimeoutError (and so a urllib3
+    # TimeoutError) by class, whatever stopped the connection.
+    for cause in (OSError(errno.ENETUNREACH, "Network is unreachable"), None):
+        exc = NewConnectionError(None, "Failed to establish a new connection")
+        exc.__cause__ = cause
+        assert summary(exc, 10) == "connection failed"
 
 
 def test_a_receiver_that_never_accepts_is_a_connect_timeout(entrypoint, make_target, listener):

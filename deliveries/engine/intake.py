@@ -14,7 +14,8 @@ Three sources, one claim path (claims.Claimer):
   within one poll interval, and a gap that never fills (a rolled-back transaction,
   a deleted row) is forgotten. Gaps are kept and looked up as runs of consecutive
   ids (`Gaps`): deleting a few thousand recent deliveries makes one run, not a
-  few thousand ids to name in every pass's query.
+  few thousand ids to name in every pass's query. Past GAP_RUNS_PER_PASS runs, the
+  newest are looked up on every pass and the older ones in turn.
 * Requeued rows: pending rows that were attempted before, i.e. set back to pending
   by a redeliver. Their ids are old, so the cursor cannot see them; a rotating scan
   over a partial index that holds only such rows finds them.
@@ -40,7 +41,7 @@ class Gaps:
 
     At most `limit` runs are kept (the oldest dropped: the recovery tick still
     finds a row committed there, a minute late at worst). Each lookup names at most
-    `per_lookup` runs, rotating through them when there are more.
+    `per_lookup` runs (`next_runs`).
     """
 
     def __init__(self, *, limit: int, per_lookup: int):
@@ -65,13 +66,21 @@ class Gaps:
         del self._runs[:count]
         self._next = max(0, self._next - count)
 
-    def next_runs(self) -> list[tuple[int, int]]:
-        """The next `per_lookup` runs (low, high) to look up, from where the last
-        lookup ended; `looked_up` moves on past them once their rows are claimed."""
-        if self._next >= len(self._runs):
+    def next_runs(self) -> tuple[list[tuple[int, int]], int]:
+        """The runs (low, high) to look up now, and how far the rotation moves on
+        once their rows are claimed (`looked_up`). Every run while they fit in one
+        lookup; past that, the newest half of `per_lookup` on every pass (a late
+        commit is most likely in the gaps the cursor passed last) and the older
+        runs in turn, from where the last lookup ended."""
+        if len(self._runs) <= self.per_lookup:
+            return [(low, high) for low, high, _ in self._runs], 0
+        newest = self.per_lookup // 2
+        older = len(self._runs) - newest
+        if self._next >= older:
             self._next = 0
-        window = self._runs[self._next : self._next + self.per_lookup]
-        return [(low, high) for low, high, _ in window]
+        window = self._runs[self._next : min(older, self._next + self.per_lookup - newest)]
+        runs = window + self._runs[older:]
+        return [(low, high) for low, high, _ in runs], len(window)
 
     def looked_up(self, count: int) -> None:
         self._next += count
@@ -202,7 +211,7 @@ class Intake:
 
     def _from_gaps(self, room):
         self.gaps.expire(self.clock() - self.GAP_TTL)
-        runs = self.gaps.next_runs()
+        runs, rotation = self.gaps.next_runs()
         if not runs:
             return [], _nothing
         lookup = functools.reduce(
@@ -214,7 +223,8 @@ class Intake:
         )
 
         def commit(tasks):
-            self.gaps.looked_up(len(runs))
+            if len(rows) < room:  # a full page may have left rows in these runs unread
+                self.gaps.looked_up(rotation)
             for row in rows:  # filled: committed at last, whatever its status now
                 self.gaps.discard(row[0])
 

@@ -61,12 +61,13 @@ def summary(exc: BaseException, timeout: float) -> str:
             return "the receiver closed the connection without answering"
         if isinstance(cause, ConnectionResetError):
             return "connection reset by the receiver"
+    # Before the timeouts: urllib3's NewConnectionError is one of them by class.
+    if isinstance(exc, NewConnectionError | ProtocolError | ConnectionError):
+        return "connection failed"
     if connect_timed_out(exc):
         return f"could not connect within {timeout:g} s"
     if isinstance(exc, Urllib3Timeout | TimeoutError):
         return f"timed out after {timeout:g} s"
-    if isinstance(exc, NewConnectionError | ProtocolError | ConnectionError):
-        return "connection failed"
     return f"{type(exc).__name__}"
 
 
