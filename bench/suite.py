@@ -286,11 +286,12 @@ def vacuum_between_phases():
     phase here either."""
     from django.db import connection
 
+    from deliveries.engine.partitions import autovacuum_off
+
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        cursor.execute("SHOW autovacuum")
-        if cursor.fetchone()[0] == "on":
+        if not autovacuum_off(cursor):
             return
         log("autovacuum is off on this server: VACUUM ANALYZE before the next phase")
         cursor.execute("VACUUM ANALYZE")

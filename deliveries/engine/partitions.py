@@ -377,14 +377,19 @@ def check_session(conn, member: int) -> None:
         )
 
 
+def autovacuum_off(cursor) -> bool:
+    """Whether the PostgreSQL server runs with autovacuum off."""
+    cursor.execute("SHOW autovacuum")
+    return cursor.fetchone()[0] != "on"
+
+
 def warn_without_autovacuum(cursor) -> bool:
     """Log a warning, once at start, when the server runs with autovacuum off;
     return whether it does. Every delivery's status change and every prune leaves
     dead rows: without vacuuming they are never reclaimed, the tables and their
     indexes only grow, and the engine's claims and the admin's lists slow down
     with them."""
-    cursor.execute("SHOW autovacuum")
-    off = cursor.fetchone()[0] != "on"
+    off = autovacuum_off(cursor)
     if off:
         logger.warning(
             "PostgreSQL runs with autovacuum off: the dead rows every delivery and "
