@@ -12,7 +12,7 @@ import time
 
 import pytest
 import requests
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 from django.test import Client
 
 from deliveries import ingest
@@ -349,6 +349,33 @@ def test_a_stalled_writer_gets_inbound_requests_503_not_a_hang(entrypoint, data_
     assert took < 10
     assert "Traceback" not in log
     assert Event.objects.count() == 0
+
+
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
+def test_a_new_connection_reads_while_a_writer_holds_the_lock():
+    """WAL readers never wait for the writer, and connecting is no exception: a web
+    worker's or an admin page's first connection does not wait behind a long write
+    (nor, behind a stalled one, fail with "database is locked")."""
+    outcome = {}
+
+    def read():
+        conn = connections.create_connection("default")
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM deliveries_event")
+                outcome["count"] = cursor.fetchone()[0]
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            conn.close()
+
+    with WriterLock():
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(10)
+        assert not reader.is_alive(), "connecting waited for the writer"
+    assert outcome == {"count": 0}
 
 
 def test_a_full_disk_answers_503_with_retry_after_and_one_log_line(entrypoint, caplog):

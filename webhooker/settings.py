@@ -247,10 +247,8 @@ if _engine == "django.db.backends.sqlite3":
         # at every commit: a 200 from the inbound view promises the event survives a
         # power cut. NORMAL (SQLITE_SYNCHRONOUS) only promises it survives a crash
         # of the process, for more events per second (bench/RESULTS.md).
-        # auto_vacuum=INCREMENTAL takes effect only in a file that has no tables yet
-        # (a new database); retention then gives freed pages back (deliveries/retention.py).
+        # A new file also gets incremental auto-vacuum (webhooker/sqlite).
         "init_command": (
-            "PRAGMA auto_vacuum=INCREMENTAL;"
             "PRAGMA journal_mode=WAL;"
             f"PRAGMA synchronous={_choice('SQLITE_SYNCHRONOUS', 'full', ('full', 'normal'))};"
             "PRAGMA foreign_keys=ON;"

@@ -19,11 +19,18 @@ The wait for the lock is bounded by the database's "timeout" option, like
 SQLite's own busy wait: a writer stopped while holding it (SIGSTOP, a debugger)
 costs every other writer that long, then "database is locked", which the inbound
 view answers with 503.
+
+A new file is given incremental auto-vacuum here, before anything else touches it
+(retention gives freed pages back with it), and only a new file: `PRAGMA
+auto_vacuum=...` on every connection, as it was, waits for the writer lock, so a
+web worker's or an admin page's first connection waited behind any write - up to
+the busy timeout behind a stalled one - where WAL readers wait for nothing.
 """
 
 import fcntl
 import os
 import queue
+import sqlite3
 import threading
 
 from django.db import OperationalError
@@ -36,6 +43,11 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self._writer_fd = None
         self._waiter = None
         self._writing = False
+
+    def get_new_connection(self, conn_params):
+        if not self.is_in_memory_db():
+            _create_with_incremental_vacuum(self.settings_dict["NAME"])
+        return super().get_new_connection(conn_params)
 
     def _writer_lock_fd(self):
         if self._writer_fd is None:
@@ -96,6 +108,20 @@ class DatabaseWrapper(base.DatabaseWrapper):
             if self._writer_fd is not None:
                 os.close(self._writer_fd)
                 self._writer_fd = None
+
+
+def _create_with_incremental_vacuum(path) -> None:
+    """Give a database file that does not exist yet (or is empty) incremental
+    auto-vacuum, which SQLite accepts only before the first table, and WAL, which
+    fixes the first while no table exists (deliveries/retention.py)."""
+    if os.path.exists(path) and os.path.getsize(path) > 0:
+        return
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        conn.execute("PRAGMA journal_mode=WAL")
+    finally:
+        conn.close()
 
 
 class _Waiter:
