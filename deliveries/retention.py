@@ -16,8 +16,8 @@ batch held the lock, so writers waiting for it get at least half of the time.
 Space: deleted rows leave free pages inside the SQLite file. A database created
 with PRAGMA auto_vacuum=INCREMENTAL (the backend, webhooker/sqlite, sets it on a
 new file; SQLite only applies it to a file that has no tables yet) gives them back
-to the file system after each prune, a few megabytes per short transaction. A file created
-before that keeps its free pages for reuse until `pruneevents --vacuum` rebuilds
+to the file system after each prune, a few megabytes per short transaction. A file
+created before that keeps its free pages for reuse until `pruneevents --vacuum` rebuilds
 it once (VACUUM: it takes the writer lock for the whole rebuild and needs free
 disk as large as the file, so it is run by hand, in a quiet moment). On
 PostgreSQL, autovacuum makes deleted rows' space reusable by the next inserts;

@@ -112,8 +112,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
 def _create_with_incremental_vacuum(path) -> None:
     """Give a database file that does not exist yet (or is empty) incremental
-    auto-vacuum, which SQLite accepts only before the first table, and WAL, which
-    fixes the first while no table exists (deliveries/retention.py)."""
+    auto-vacuum, which SQLite accepts only before the first table, then WAL, whose
+    switch writes the file's header and so keeps the setting for the connections
+    that create the tables (deliveries/retention.py gives freed pages back)."""
     if os.path.exists(path) and os.path.getsize(path) > 0:
         return
     conn = sqlite3.connect(path)
