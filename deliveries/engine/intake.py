@@ -87,21 +87,23 @@ class Gaps:
 
     def discard(self, delivery_id: int) -> None:
         """The id was filled: stop looking for it."""
-        at = bisect.bisect_right(self._runs, delivery_id, key=operator.itemgetter(0)) - 1
-        if at < 0:
+        at = self._run_holding(delivery_id)
+        if at is None:
             return
         low, high, noted = self._runs[at]
-        if not low <= delivery_id <= high:
-            return
         pieces = [[low, delivery_id - 1, noted], [delivery_id + 1, high, noted]]
         pieces = [piece for piece in pieces if piece[0] <= piece[1]]
         self._runs[at : at + 1] = pieces
         if at < self._next:
             self._next += len(pieces) - 1
 
-    def __contains__(self, delivery_id: int) -> bool:
+    def _run_holding(self, delivery_id: int) -> int | None:
+        """The index of the run that holds `delivery_id`, if one does."""
         at = bisect.bisect_right(self._runs, delivery_id, key=operator.itemgetter(0)) - 1
-        return at >= 0 and delivery_id <= self._runs[at][1]
+        return at if at >= 0 and delivery_id <= self._runs[at][1] else None
+
+    def __contains__(self, delivery_id: int) -> bool:
+        return self._run_holding(delivery_id) is not None
 
     def __iter__(self):
         for low, high, _ in self._runs:
