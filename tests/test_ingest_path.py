@@ -147,8 +147,12 @@ def test_postgresql_connections_closed_by_the_server_are_replaced(entrypoint, da
         for _ in range(20):
             assert requests.post(url, data=BODY, timeout=10).status_code == 200
         with connection.cursor() as cursor:
+            # Until the backends have exited (up to 5 s each), as after a restart:
+            # terminating only signals them, and a request sent before its backend
+            # closed the socket found the connection still healthy, lost it
+            # mid-statement and was answered 503 to retry (one CI run in many).
             cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND pid <> pg_backend_pid() "
                 "AND backend_type = 'client backend'"
             )

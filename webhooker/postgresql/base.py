@@ -11,7 +11,11 @@ nothing (the web side listens for no notifications). So the socket is polled
 first, without waiting, and Django's check runs only when there is input.
 
 A server that vanished without closing the connection is found by neither: the
-"SELECT 1" would wait for TCP to give up, as the request's own query does.
+"SELECT 1" would wait for TCP to give up, as the request's own query does. Nor is a
+backend told to stop that has not closed its socket yet: a request in that instant
+loses the connection mid-statement, stores nothing and is answered 503 with
+Retry-After (the statement is not sent again: whether a lost one committed is
+unknown, and a second copy would be a duplicate).
 
 Django binds parameters on the client (the body quoted into the SQL text) and
 prepares nothing, so every statement is parsed and planned again. The inbound
