@@ -399,14 +399,16 @@ def main():
             dedup=True,
         )
         log(
-            "ingest: no-op baseline, /webhook/<code>, and signed posts to a plain and to a "
-            "GitHub-verified deduplicating entrypoint by wrk, interleaved in 3 rounds"
+            "ingest: no-op baseline, durable floor, /webhook/<code>, and signed posts to a "
+            "plain and to a GitHub-verified deduplicating entrypoint by wrk, interleaved in "
+            "3 rounds"
         )
         # Interleaved rounds and medians: on a shared machine a burst of someone
         # else's load then hits both sides of the ratio, not one.
-        noop, ingest, plain_signed, verified_signed = [], [], [], []
+        noop, floor, ingest, plain_signed, verified_signed = [], [], [], [], []
         for _ in range(3):
             noop.append(wrk(f"http://127.0.0.1:{port}/bench/noop", SECONDS / 3))
+            floor.append(wrk(f"http://127.0.0.1:{port}/bench/durable-floor", SECONDS / 3))
             ingest.append(wrk(f"http://127.0.0.1:{port}/webhook/{code}", SECONDS / 3))
             # Both sides of the verified ratio send the same requests (headers and
             # the client's per-request script): only the server's work differs.
@@ -416,6 +418,9 @@ def main():
         figures["ingest_rps"] = statistics.median(ingest)
         ratios = [i / n for i, n in zip(ingest, noop, strict=True)]
         figures["ingest_ratio"] = statistics.median(ratios)
+        figures["durable_floor_rps"] = statistics.median(floor)
+        ratios = [f / n for f, n in zip(floor, noop, strict=True)]
+        figures["durable_floor_ratio"] = statistics.median(ratios)
         figures["ingest_verified_rps"] = statistics.median(verified_signed)
         ratios = [v / p for v, p in zip(verified_signed, plain_signed, strict=True)]
         figures["ingest_ratio_verified"] = statistics.median(ratios)

@@ -1,6 +1,9 @@
 """Views the benchmarks compare against; routed only by bench.settings (bench/urls.py)."""
 
+import os
+import threading
 import uuid
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -21,6 +24,63 @@ def noop(request):
     # The same request handling as the inbound view: body read, headers captured.
     read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
     request_headers(request.META)
+    return JsonResponse({"event": str(uuid.uuid4()), "deliveries": 0})
+
+
+class _SharedFsyncLog:
+    """An append-only file of this process whose writers share fsyncs: each append
+    returns once an fdatasync begun after its write has finished, and one thread's
+    fdatasync covers every record written before it began, as a group commit does."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = None
+        self.lock = threading.Lock()
+        self.synced_cond = threading.Condition(self.lock)
+        self.written = 0
+        self.synced = 0
+        self.syncing = False
+
+    def append(self, record: bytes) -> None:
+        with self.lock:
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(self.fd, len(record).to_bytes(4, "big") + record)
+            self.written += 1
+            mine = self.written
+            while self.synced < mine:
+                if self.syncing:
+                    self.synced_cond.wait()
+                    continue
+                self.syncing, upto = True, self.written
+                self.lock.release()
+                try:
+                    os.fdatasync(self.fd)
+                finally:
+                    self.lock.acquire()
+                    self.syncing = False
+                    self.synced_cond.notify_all()
+                self.synced = upto
+
+
+_durable_log = None
+
+
+@csrf_exempt
+def durable_floor(request):
+    """The least any ingest that answers only after its event is durable could do
+    through this server: the no-op view's work, plus the body appended to a file
+    and fsynced (shared by concurrent requests) before the answer. No database, no
+    entrypoint, no deliveries: `durable_floor_rps / noop_rps` bounds `ingest_ratio`
+    from above on this machine."""
+    global _durable_log
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
+    request_headers(request.META)
+    if _durable_log is None:
+        _durable_log = _SharedFsyncLog(settings.DATA_DIR / f"bench-floor-{os.getpid()}.log")
+    _durable_log.append(body)
     return JsonResponse({"event": str(uuid.uuid4()), "deliveries": 0})
 
 

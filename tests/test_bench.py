@@ -15,6 +15,8 @@ FIGURES = [
     "noop_rps",
     "ingest_rps",
     "ingest_ratio",
+    "durable_floor_rps",
+    "durable_floor_ratio",
     "ingest_verified_rps",
     "ingest_ratio_verified",
     "ingest_p50_ms",
