@@ -28,12 +28,13 @@ def noop(request):
 
 
 class _SharedFsyncLog:
-    """An append-only file of this process whose writers share fsyncs: each append
+    """Append-only files, one per process, whose writers share fsyncs: each append
     returns once an fdatasync begun after its write has finished, and one thread's
     fdatasync covers every record written before it began, as a group commit does."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, directory: Path, prefix: str):
+        self.directory = directory
+        self.prefix = prefix
         self.fd = None
         self.lock = threading.Lock()
         self.synced_cond = threading.Condition(self.lock)
@@ -41,10 +42,12 @@ class _SharedFsyncLog:
         self.synced = 0
         self.syncing = False
 
-    def append(self, record: bytes) -> None:
+    def append(self, record: bytes) -> int:
+        """Write the record; return its number once it is on disk."""
         with self.lock:
             if self.fd is None:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                path = self.directory / f"{self.prefix}-{os.getpid()}.log"
+                self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.write(self.fd, len(record).to_bytes(4, "big") + record)
             self.written += 1
             mine = self.written
@@ -52,18 +55,21 @@ class _SharedFsyncLog:
                 if self.syncing:
                     self.synced_cond.wait()
                     continue
-                self.syncing, upto = True, self.written
+                self.syncing, upto, synced = True, self.written, False
                 self.lock.release()
                 try:
                     os.fdatasync(self.fd)
+                    synced = True
                 finally:
                     self.lock.acquire()
                     self.syncing = False
+                    if synced:
+                        self.synced = upto
                     self.synced_cond.notify_all()
-                self.synced = upto
+            return mine
 
 
-_durable_log = None
+_durable_log = _SharedFsyncLog(settings.DATA_DIR, "bench-durable-floor")
 
 
 @csrf_exempt
@@ -73,13 +79,10 @@ def durable_floor(request):
     and fsynced (shared by concurrent requests) before the answer. No database, no
     entrypoint, no deliveries: `durable_floor_rps / noop_rps` bounds `ingest_ratio`
     from above on this machine."""
-    global _durable_log
     if request.method != "POST":
         return HttpResponseNotAllowed(["POST"])
     body = read_body(request, settings.WEBHOOKER_MAX_BODY_BYTES)
     request_headers(request.META)
-    if _durable_log is None:
-        _durable_log = _SharedFsyncLog(settings.DATA_DIR / f"bench-floor-{os.getpid()}.log")
     _durable_log.append(body)
     return JsonResponse({"event": str(uuid.uuid4()), "deliveries": 0})
 

@@ -5,6 +5,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 
 import pytest
 from django.db import connection
@@ -79,3 +80,39 @@ def test_make_bench_prints_every_figure_with_its_baseline():
     suffix = "_pg" if database == "pg" else ""
     for name in FIGURES + (SCALEOUT_FIGURES if database == "pg" else []):
         assert re.search(rf"^{name}{suffix}=\d+(\.\d+)?$", result.stdout, re.M), name
+
+
+def test_the_durable_floor_answers_each_append_after_an_fsync_that_covers_it(tmp_path, monkeypatch):
+    """The floor baseline does what it claims: every record written whole, and no
+    append returns before an fdatasync begun after its write has finished."""
+    from bench.views import _SharedFsyncLog
+
+    log = _SharedFsyncLog(tmp_path, "floor")
+    fsyncs = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (fsyncs.append(fd), real_fdatasync(fd)))
+    uncovered = []
+
+    def sender(n):
+        for i in range(50):
+            number = log.append(f"{n}-{i}".encode())
+            # synced only ever moves to the count written before an fsync began.
+            if log.synced < number:
+                uncovered.append(number)
+
+    threads = [threading.Thread(target=sender, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    data = (tmp_path / f"floor-{os.getpid()}.log").read_bytes()
+    records = []
+    while data:
+        size = int.from_bytes(data[:4], "big")
+        records.append(data[4 : 4 + size].decode())
+        data = data[4 + size :]
+    assert sorted(records) == sorted(f"{n}-{i}" for n in range(8) for i in range(50))
+    assert uncovered == []
+    assert log.synced == 400
+    # Concurrent appends shared fsyncs.
+    assert len(fsyncs) < 400
