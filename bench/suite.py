@@ -20,6 +20,7 @@ import sys
 import tempfile
 import threading
 import time
+import typing
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -165,9 +166,28 @@ def signed():
     return {"BENCH_SIGNATURE": f"sha256={signature}", "BENCH_RUN": str(next(_runs))}
 
 
-def wrk(url, seconds, env=None):
+class Load(typing.NamedTuple):
+    """A wrk run: requests answered per second, and the machine's CPU per request."""
+
+    rps: float
+    # Milliseconds of CPU the whole machine (server, database, wrk) spent busy per
+    # request, not counting time the hypervisor gave to other guests (steal).
+    cpu_ms: float
+
+
+def busy_jiffies() -> int:
+    """CPU time the machine has spent busy, in clock ticks (/proc/stat's first line:
+    user, nice, system, irq and softirq; idle, iowait and steal left out)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(
+        int, Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return user + nice + system + irq + softirq
+
+
+def wrk(url, seconds, env=None) -> Load:
     body_file = Path(tempfile.mkstemp(suffix=".json")[1])
     body_file.write_bytes(BODY)
+    busy = busy_jiffies()
     out = subprocess.run(
         [
             "wrk",
@@ -183,11 +203,24 @@ def wrk(url, seconds, env=None):
         env={**os.environ, "BENCH_BODY_FILE": str(body_file), **(env or {})},
         check=True,
     ).stdout
+    busy = busy_jiffies() - busy
     body_file.unlink()
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non2xx:
         raise RuntimeError(f"wrk saw {non2xx.group(1)} failed responses:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    requests = int(re.search(r"(\d+) requests in", out).group(1))
+    return Load(
+        rps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        cpu_ms=busy * 1000 / os.sysconf("SC_CLK_TCK") / max(1, requests),
+    )
+
+
+def median_ratio(runs, baselines, *, by_cpu=False):
+    """The median over interleaved rounds of run / baseline: by requests per second,
+    or (by_cpu) by how many requests a millisecond of the machine's CPU serves."""
+    if by_cpu:
+        return statistics.median(b.cpu_ms / r.cpu_ms for r, b in zip(runs, baselines, strict=True))
+    return statistics.median(r.rps / b.rps for r, b in zip(runs, baselines, strict=True))
 
 
 def fixed_rate(port, path, rate, seconds, threads=16):
@@ -414,16 +447,20 @@ def main():
             # the client's per-request script): only the server's work differs.
             for target, runs in ((code, plain_signed), (verified.code, verified_signed)):
                 runs.append(wrk(f"http://127.0.0.1:{port}/webhook/{target}", SECONDS / 3, signed()))
-        figures["noop_rps"] = statistics.median(noop)
-        figures["ingest_rps"] = statistics.median(ingest)
-        ratios = [i / n for i, n in zip(ingest, noop, strict=True)]
-        figures["ingest_ratio"] = statistics.median(ratios)
-        figures["durable_floor_rps"] = statistics.median(floor)
-        ratios = [f / n for f, n in zip(floor, noop, strict=True)]
-        figures["durable_floor_ratio"] = statistics.median(ratios)
-        figures["ingest_verified_rps"] = statistics.median(verified_signed)
-        ratios = [v / p for v, p in zip(verified_signed, plain_signed, strict=True)]
-        figures["ingest_ratio_verified"] = statistics.median(ratios)
+        figures["noop_rps"] = statistics.median(r.rps for r in noop)
+        figures["ingest_rps"] = statistics.median(r.rps for r in ingest)
+        figures["ingest_ratio"] = median_ratio(ingest, noop)
+        figures["durable_floor_rps"] = statistics.median(r.rps for r in floor)
+        figures["durable_floor_ratio"] = median_ratio(floor, noop)
+        # The same comparisons by the machine's CPU per request: what the rps ratio
+        # would be on a machine of our own, saturated, whatever the hypervisor took.
+        figures["noop_cpu_ms"] = statistics.median(r.cpu_ms for r in noop)
+        figures["ingest_cpu_ms"] = statistics.median(r.cpu_ms for r in ingest)
+        figures["ingest_cpu_ratio"] = median_ratio(ingest, noop, by_cpu=True)
+        figures["durable_floor_cpu_ms"] = statistics.median(r.cpu_ms for r in floor)
+        figures["durable_floor_cpu_ratio"] = median_ratio(floor, noop, by_cpu=True)
+        figures["ingest_verified_rps"] = statistics.median(r.rps for r in verified_signed)
+        figures["ingest_ratio_verified"] = median_ratio(verified_signed, plain_signed)
         log("ingest latency at half the measured rate")
         lat = [
             r[0] for r in fixed_rate(port, f"/webhook/{code}", figures["ingest_rps"] / 2, SECONDS)
