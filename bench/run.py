@@ -93,7 +93,7 @@ def verdict(name, value):
     return f"{'met' if met else 'MISSED'} ({op} {goal})"
 
 
-def record(figures, seconds):
+def record(figures, seconds, databases):
     commit = (
         subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
@@ -110,11 +110,12 @@ def record(figures, seconds):
         f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
         f"{platform.python_version()}, {platform.system()} {platform.release()}"
     )
+    only = "" if databases == ["sqlite", "pg"] else f" BENCH_DATABASES={','.join(databases)}"
     lines = [
         f"## {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, commit {commit}"
         f"{' (with uncommitted changes)' if dirty else ''}",
         "",
-        f"Machine: {machine}. Command: `BENCH_SECONDS={seconds:g} make bench`.",
+        f"Machine: {machine}. Command: `BENCH_SECONDS={seconds:g}{only} make bench`.",
         "",
         "| figure | value | target |",
         "|---|---|---|",
@@ -136,15 +137,15 @@ def main():
                 f"{tool} is missing: apt-get install wrk nginx-light (make bench does)"
             )
     seconds = float(os.environ.setdefault("BENCH_SECONDS", "10"))
-    databases = os.environ.get("BENCH_DATABASES", "sqlite,pg").split(",")
+    databases = [d.strip() for d in os.environ.get("BENCH_DATABASES", "sqlite,pg").split(",")]
     figures = {}
     for database in databases:
         print(f"# {database}", file=sys.stderr, flush=True)
-        figures.update(run_suite(database.strip()))
+        figures.update(run_suite(database))
     for name, value in figures.items():
         print(f"{name}={value:.3f}")
     if os.environ.get("BENCH_RECORD", "1") == "1":
-        record(figures, seconds)
+        record(figures, seconds, databases)
 
 
 if __name__ == "__main__":
