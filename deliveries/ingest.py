@@ -402,12 +402,28 @@ class GroupCommit:
                 with self._lock:
                     self._take(group)
                 self.groups += 1
+                lost = None
                 for job in group:
+                    if lost is not None:
+                        job.error = lost
+                        continue
                     try:
                         with transaction.atomic():
                             job.result = job.store()
                     except Exception as exc:
                         job.error = exc
+                        if connection.needs_rollback:
+                            # Not even the job's savepoint could be rolled back: the
+                            # transaction itself is gone (SQLite abandons it when the
+                            # disk fills mid-statement). The rest of the group cannot
+                            # be stored in it and fails with the database's error, as
+                            # its leader does, rather than Django's complaint about a
+                            # broken transaction.
+                            lost = (
+                                exc
+                                if isinstance(exc, OperationalError)
+                                else OperationalError(f"the group's transaction was lost: {exc}")
+                            )
                 # Runs only after COMMIT succeeded: Django rolls back without a word
                 # when a job's failure left the transaction unusable (SQLite may
                 # abandon the whole transaction on a full disk), or when the

@@ -153,12 +153,12 @@ def request_headers(environ) -> list[list[str]]:
     """Every header line as received, in order, as [name, value].
 
     The edge (webhooker/edge.py) hands over the raw lines: repeated headers stay
-    apart and names with "_" are kept. Without it (Django's test client, another
-    WSGI server) the CGI variables are all there is.
+    apart, names keep their spelling and names with "_" are kept. Without it
+    (Django's test client, another WSGI server) the CGI variables are all there is.
     """
     raw = environ.get(RAW_HEADERS)
     if raw is not None:
-        return [[_clean(_title(name)), _clean(value)] for name, value in raw]
+        return [[_clean(name), _clean(value)] for name, value in raw]
     headers = []
     for key, value in environ.items():
         if key.startswith("HTTP_"):
@@ -172,8 +172,8 @@ def request_headers(environ) -> list[list[str]]:
 
 
 def _title(name: str) -> str:
-    # Servers hand header names over lower-cased (HTTP names have no case); stored
-    # and forwarded in the usual spelling.
+    # CGI variables have lost the names' spelling (HTTP names have no case); stored
+    # and forwarded in the usual one.
     return "-".join(part.capitalize() for part in name.split("-"))
 
 

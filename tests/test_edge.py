@@ -109,23 +109,47 @@ def test_every_header_line_and_the_query_string_are_stored_as_received(entrypoin
             post_bytes(
                 f"/webhook/{entrypoint.code}?x=1&y=%2F",
                 headers=b"Cookie: a=1\r\nX_Under: kept\r\nCookie: b=2\r\n"
-                b"X-Multi: one\r\nX-Multi: two, three\r\n",
+                b"X-Multi: one\r\nX-Multi: two, three\r\n"
+                b"X-GitHub-Event: push\r\nx-lower: as sent\r\nDNT: 1\r\n",
             ),
         )
+        # A chunked body's trailer fields come after the body: not header lines.
+        chunked = (
+            f"POST /webhook/{entrypoint.code} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Transfer-Encoding: chunked\r\nTrailer: X-Trailer\r\nConnection: close\r\n\r\n"
+            "2\r\n{}\r\n0\r\nX-Trailer: after the body\r\n\r\n"
+        ).encode()
+        chunked_status, _, _ = exchange(base, chunked)
     finally:
         web.stop()
     assert status == 200
-    event = Event.objects.get()
+    assert chunked_status == 200
+    event, chunked_event = Event.objects.order_by("id")
     assert event.query_string == "x=1&y=%2F"
     lines = [tuple(pair) for pair in event.headers]
     assert [v for n, v in lines if n == "Cookie"] == ["a=1", "b=2"]
     assert [v for n, v in lines if n == "X-Multi"] == ["one", "two, three"]
-    assert ("X_under", "kept") in lines
+    # Names as the sender spelled them.
+    assert ("X_Under", "kept") in lines
+    assert ("X-GitHub-Event", "push") in lines
+    assert ("x-lower", "as sent") in lines
+    assert ("DNT", "1") in lines
     names = [n for n, _ in lines]
-    assert names.index("Cookie") < names.index("X_under") < names.index("X-Multi")
+    assert names.index("Cookie") < names.index("X_Under") < names.index("X-Multi")
+    assert "X-Trailer" not in [n for n, _ in chunked_event.headers]
+    assert chunked_event.body == b"{}"
 
 
-def deliver(entrypoint, make_target, sink, *, config=None, query="a=1&a=2", headers=None):
+def deliver(
+    entrypoint,
+    make_target,
+    sink,
+    *,
+    config=None,
+    query="a=1&a=2",
+    headers=None,
+    content_type="application/json",
+):
     make_target(config={"url": sink.url("/fwd?x=1"), **(config or {})})
     ingest.store_event(
         ingest.find_entrypoint(entrypoint.code, fresh=True),
@@ -138,7 +162,7 @@ def deliver(entrypoint, make_target, sink, *, config=None, query="a=1&a=2", head
             ["Cookie", "b=2"],
         ],
         body=b"{}",
-        content_type="application/json",
+        content_type=content_type,
         remote_addr="127.0.0.1",
         query_string=query,
     )
@@ -156,6 +180,68 @@ def test_forwarded_with_the_query_appended_and_every_header_line(entrypoint, mak
     sent = {n.lower() for n, _ in received.lines}
     # Never sent by the sender, or only to webhooker itself.
     assert not sent & {"expect", "accept-encoding", "accept", "user-agent", "connection"}
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_forwarded_for_from_an_untrusted_peer_is_not_the_senders_address(entrypoint, data_dir):
+    """Only WEBHOOKER_TRUSTED_PROXIES may name the client (TrustedProxyMiddleware);
+    the server itself must not take X-Forwarded-For from whoever connects."""
+    web, base = start_web(data_dir, workers=1)
+    try:
+        status, _, _ = exchange(
+            base,
+            post_bytes(
+                f"/webhook/{entrypoint.code}",
+                headers=b"X-Forwarded-For: 203.0.113.9\r\nX-Forwarded-Proto: https\r\n",
+            ),
+        )
+    finally:
+        web.stop()
+    assert status == 200
+    assert Event.objects.get().remote_addr == "127.0.0.1"
+
+
+def test_the_query_is_forwarded_as_received_not_requoted(entrypoint, make_target, sink):
+    """Escapes the sender sent stay as sent (none decoded, none quoted again, even
+    beside a stray "%"); only what a URL cannot carry is percent-encoded."""
+    received = deliver(
+        entrypoint, make_target, sink, query="a=%41&y=%2f&c={1}|x&d=%zz&e=%20&f=caf\xe9"
+    )
+    assert received.path == "/fwd?x=1&a=%41&y=%2F&c=%7B1%7D%7Cx&d=%25zz&e=%20&f=caf%E9"
+    delivery = Delivery.objects.get()
+    assert delivery.results.get().request_url.endswith(received.path)
+
+
+def test_content_type_lines_are_forwarded_as_received(entrypoint, make_target, sink):
+    """The event's content_type column is cut at 255 characters and merges repeated
+    lines; the header lines themselves are what the sender sent."""
+    long = "multipart/form-data; boundary=" + "b" * 270
+    received = deliver(
+        entrypoint,
+        make_target,
+        sink,
+        headers=[["Content-Type", long]],
+        content_type=long[:255],
+    )
+    assert [v for n, v in received.lines if n.lower() == "content-type"] == [long]
+
+
+def test_credentials_in_the_target_url_win_over_the_senders_authorization(
+    entrypoint, make_target, sink
+):
+    """As a target's configured headers replace the sender's lines of that name."""
+    url = sink.url("/fwd").replace("http://", "http://user:pass@")
+    received = deliver(
+        entrypoint,
+        make_target,
+        sink,
+        config={"url": url},
+        headers=[["Authorization", "Bearer the-senders"]],
+    )
+    assert [v for n, v in received.lines if n.lower() == "authorization"] == [
+        "Basic dXNlcjpwYXNz"  # user:pass
+    ]
 
 
 def test_a_target_can_turn_query_forwarding_off(entrypoint, make_target, sink):

@@ -147,6 +147,37 @@ def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
     assert not Event.objects.filter(code=code).exists()
 
 
+def test_a_full_disk_mid_group_fails_the_rest_of_it_as_unavailable(webhook):
+    """SQLite may abandon the whole transaction when the disk fills mid-statement:
+    the events after it in the group get the same database error (the view's 503),
+    not Django's complaint about a broken transaction (a 500)."""
+    group = ingest.GroupCommit()
+    release = threading.Event()
+    outcomes = {}
+
+    def lead():
+        release.wait(10)
+        return _event(webhook, uuid.uuid4()).code
+
+    def disk_fills():
+        _event(webhook, uuid.uuid4())
+        connection.connection.execute("ROLLBACK")  # as SQLite does on SQLITE_FULL
+        raise OperationalError("database or disk is full")
+
+    threads = [_in_thread(lambda: group.run(lead), outcomes, "lead")]
+    wait_until(lambda: group.groups == 1, message="leading")
+    codes = [uuid.uuid4(), uuid.uuid4()]
+    threads.append(queue(group, outcomes, "a", lambda: _event(webhook, codes[0]).code))
+    threads.append(queue(group, outcomes, "full", disk_fills))
+    threads.append(queue(group, outcomes, "b", lambda: _event(webhook, codes[1]).code))
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert group.groups == 2
+    assert all(isinstance(outcomes[k], OperationalError) for k in ("a", "full", "b")), outcomes
+    assert not Event.objects.filter(code__in=codes).exists()
+
+
 def test_events_arriving_while_the_leader_waits_for_the_writer_join_its_group(webhook, monkeypatch):
     """Another writer (another web worker, the engine) holds SQLite's writer lock; the
     leader waits for it at BEGIN, and B and C arrive meanwhile: all three are stored

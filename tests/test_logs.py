@@ -31,6 +31,9 @@ def test_json_logs_carry_the_delivery_and_the_event_as_fields(entrypoint, make_t
     try:
         event = requests.post(f"{base}/webhook/{entrypoint.code}", data=b"{}", timeout=10).json()
         code = event["event"]
+        # Django's own lines too (its default console handler would print these plain).
+        assert requests.get(f"{base}/no-such-page", timeout=10).status_code == 404
+        assert requests.get(f"{base}/webhook/{entrypoint.code}", timeout=10).status_code == 405
         wait_until(lambda: code in engine.log(), message="the attempt's log line")
     finally:
         engine.stop()
@@ -63,3 +66,41 @@ def test_sentry_dsn_sends_errors_to_sentry(sink, data_dir):
     [envelope] = sink.wait_for(1)
     assert envelope.path.startswith("/api/1/envelope/")
     assert b"probe for sentry" in gzip.decompress(envelope.body)
+
+
+SENTRY_SECRETS_PROBE = """
+import django, sentry_sdk
+django.setup()
+from django.test import RequestFactory
+
+def store(request):
+    body = b"card 4111111111111111"
+    raise RuntimeError("the store failed")
+
+request = RequestFactory().post("/webhook/x?token=query-secret", data=b"{}",
+                                content_type="application/json")
+try:
+    store(request)
+except RuntimeError:
+    sentry_sdk.capture_exception()
+sentry_sdk.flush(5)
+"""
+
+
+@pytest.mark.django_db
+def test_sentry_gets_no_payload_from_the_stack_s_local_variables(sink, data_dir):
+    """Events carry their senders' data: a traceback's local variables (a body, a
+    request with its query string) are not shipped to Sentry."""
+    dsn = f"http://public@127.0.0.1:{sink.port}/1"
+    subprocess.run(
+        [sys.executable, "-c", SENTRY_SECRETS_PROBE],
+        cwd=ROOT,
+        env=process_env(data_dir, SENTRY_DSN=dsn),
+        check=True,
+        timeout=60,
+    )
+    [envelope] = sink.wait_for(1)
+    sent = gzip.decompress(envelope.body)
+    assert b"the store failed" in sent
+    assert b"4111111111111111" not in sent
+    assert b"query-secret" not in sent

@@ -42,6 +42,9 @@ OVERLOADED_RETRY_AFTER = 5
 # Keys of the WSGI environ that carry what CGI variables cannot.
 RAW_HEADERS = "webhooker.headers"
 GONE = "webhooker.gone"
+# Key of the ASGI scope with the header names as the client spelled them (uvicorn
+# lower-cases scope["headers"]), one per line, in order.
+HEADER_NAMES = "webhooker.header_names"
 
 
 class Edge:
@@ -215,9 +218,10 @@ def wsgi_environ(scope, body: bytes, gone: threading.Event) -> dict:
         GONE: gone,
     }
     raw = []
-    for name, value in scope["headers"]:
+    spelled = scope.get(HEADER_NAMES)
+    for i, (name, value) in enumerate(scope["headers"]):
         name, value = name.decode("latin-1"), value.decode("latin-1")
-        raw.append((name, value))
+        raw.append((spelled[i].decode("latin-1") if spelled else name, value))
         if "_" in name:
             continue
         key = name.upper().replace("-", "_")
@@ -235,7 +239,9 @@ def wsgi_environ(scope, body: bytes, gone: threading.Event) -> dict:
 
 
 class Protocol(HttpToolsProtocol):
-    """uvicorn's HTTP/1.1 protocol with gunicorn's request limits and a header deadline.
+    """uvicorn's HTTP/1.1 protocol with gunicorn's request limits and a header
+    deadline, which keeps each header name as the client spelled it and leaves a
+    chunked body's trailer fields out of the header lines.
 
     uvicorn itself bounds neither the size of a request head nor the time a client
     may take to send it: a client could hold a connection open forever with one
@@ -263,6 +269,8 @@ class Protocol(HttpToolsProtocol):
         super().on_message_begin()
         self._fields = 0
         self._head = 0
+        self._names = []
+        self._head_done = False
         self._arm_head_deadline()
 
     def on_url(self, url):
@@ -279,10 +287,17 @@ class Protocol(HttpToolsProtocol):
             or self._head > self.MAX_HEAD
         ):
             raise RequestHeadTooLarge("request headers too large")
+        if self._head_done:
+            # A trailer field, after a chunked body: not one of the request's
+            # header lines (uvicorn would append it to them), so not stored.
+            return
+        self._names.append(name)
         super().on_header(name, value)
 
     def on_headers_complete(self):
         self._disarm_head_deadline()
+        self._head_done = True
+        self.scope[HEADER_NAMES] = self._names
         super().on_headers_complete()
 
     def _arm_head_deadline(self):
@@ -307,4 +322,9 @@ class RequestHeadTooLarge(Exception):
 class Worker(UvicornWorker):
     """gunicorn's worker class for webhooker (gunicorn.conf.py)."""
 
-    CONFIG_KWARGS = {"loop": "asyncio", "http": Protocol, "lifespan": "on"}
+    # proxy_headers off: uvicorn would take X-Forwarded-For and -Proto from any
+    # peer in gunicorn's forwarded_allow_ips (127.0.0.1 by default), so a local
+    # proxy passing clients' headers through would let them name their address.
+    # Which proxies are trusted is WEBHOOKER_TRUSTED_PROXIES' to say
+    # (deliveries.middleware.TrustedProxyMiddleware).
+    CONFIG_KWARGS = {"loop": "asyncio", "http": Protocol, "lifespan": "on", "proxy_headers": False}

@@ -416,6 +416,9 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
+        # In place of Django's own console handler (plain text, DEBUG only), so
+        # that its lines (a 404, a DisallowedHost) follow LOG_FORMAT too.
+        "django": {"handlers": ["console"], "level": "INFO", "propagate": False},
         "deliveries": {
             "handlers": ["console"],
             "level": _choice("LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
@@ -432,10 +435,22 @@ SENTRY_DSN = env.str("SENTRY_DSN", default="")
 if SENTRY_DSN:
     import sentry_sdk
 
+    def _without_payload(event, hint):
+        # The request's query string may carry a sender's token; its body never
+        # leaves (max_request_body_size), nor do the stack's local variables.
+        request = event.get("request")
+        if isinstance(request, dict):
+            for key in ("query_string", "data", "cookies"):
+                request.pop(key, None)
+        return event
+
     sentry_sdk.init(
         dsn=SENTRY_DSN,
         environment=env.str("SENTRY_ENVIRONMENT", default="prod" if PRODUCTION else "dev"),
         send_default_pii=False,
         max_request_body_size="never",
+        # A traceback's local variables hold bodies, headers and secrets.
+        include_local_variables=False,
+        before_send=_without_payload,
         traces_sample_rate=0.0,
     )

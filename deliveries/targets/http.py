@@ -54,7 +54,10 @@ def forwarded_headers(task, extra: dict) -> HTTPHeaderDict:
     for name, value in task.headers:
         if name.lower() not in listed and not name.lower().startswith("x-webhooker-"):
             headers.add(name, value)
-    if task.content_type:
+    if task.content_type and "Content-Type" not in headers:
+        # An event stored without its header lines (the API's, say) still says
+        # what its body is; the lines, when there are some, are what was sent (the
+        # column is cut at 255 characters and merges repeated lines).
         headers["Content-Type"] = task.content_type
     headers.update(extra)
     headers["X-Webhooker-Event"] = str(task.event_code)
@@ -174,17 +177,19 @@ class HttpTarget(TargetType):
         if task.target.signing:
             sign(headers, task, body)
         url = config["url"]
-        if not config.get("drop_query"):
-            url = with_query(url, task.query_string)
+        query = "" if config.get("drop_query") else forwardable_query(task.query_string)
         outcome = transport.post(
             url,
             data=body,
             headers=headers,
             timeout=config.get("timeout"),
             forwarded=True,
+            query=query,
         )
         sent = masked_headers(headers.iteritems(), config.get("headers", {}))
-        return dataclasses.replace(outcome, request_url=url, request_headers=sent)
+        return dataclasses.replace(
+            outcome, request_url=with_query(url, query), request_headers=sent
+        )
 
 
 def with_query(url: str, query: str) -> str:
@@ -194,6 +199,36 @@ def with_query(url: str, query: str) -> str:
     parts = urllib.parse.urlsplit(url)
     joined = f"{parts.query}&{query}" if parts.query else query
     return urllib.parse.urlunsplit(parts._replace(query=joined))
+
+
+# What a URL's query may carry as it is (RFC 3986: unreserved, sub-delims, ":@/?").
+_QUERY_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/?"
+)
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def forwardable_query(query: str) -> str:
+    """The query string as received, as a URL can carry it: each escape as the
+    sender sent it (hex digits in capitals, as the HTTP client sends them), a "%"
+    that starts none as %25, and each byte a URL may not carry (space, "{", "|",
+    non-ASCII, ...) percent-encoded; nothing decoded. The HTTP client then sends it
+    unchanged. (The stored query is the request's bytes read as Latin-1.)"""
+    out = []
+    i = 0
+    while i < len(query):
+        char = query[i]
+        if char == "%" and query[i + 1 : i + 2] in _HEX and query[i + 2 : i + 3] in _HEX:
+            out.append("%" + query[i + 1 : i + 3].upper())
+            i += 3
+            continue
+        if char in _QUERY_CHARS:
+            out.append(char)
+        else:
+            raw = char.encode("latin-1") if ord(char) < 256 else char.encode("utf-8")
+            out.extend(f"%{byte:02X}" for byte in raw)
+        i += 1
+    return "".join(out)
 
 
 def sign(headers: HTTPHeaderDict, task, body: bytes) -> None:

@@ -65,8 +65,8 @@ class PreparedURL:
 def prepared_url(url: str) -> PreparedURL:
     """`url` as requests would send it (IDNA host, quoted path), split for urllib3,
     with the Basic Authorization its user:password stands for, if any. Targets are
-    few and their URLs rarely change (an event's query string appended makes a new
-    one): the recent ones are parsed once, not on every attempt. Raises requests'
+    few and their URLs rarely change (an event's query string is appended after,
+    by post): the recent ones are parsed once, not on every attempt. Raises requests'
     InvalidURL / MissingSchema / InvalidSchema (never cached)."""
     request = requests.PreparedRequest()
     request.prepare_url(url, None)
@@ -105,13 +105,17 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 def exact_headers(own: dict, headers, user_agent) -> HTTPHeaderDict:
-    """The request's `own` headers (Content-Length, the URL's credentials) and
-    `headers`, every line of them, and nothing the HTTP libraries would add by
-    default. `headers` win over `own` of the same name."""
-    named = _lower(headers)
-    exact = HTTPHeaderDict({k: v for k, v in own.items() if k.lower() not in named})
+    """`headers`, every line of them, and the request's `own` (Content-Length, the
+    target URL's credentials) in place of any line of the same name, and nothing
+    the HTTP libraries would add by default. The URL's credentials are the
+    target's configuration, which replaces what a sender sent, as configured
+    headers do."""
+    named = _lower(own)
+    exact = HTTPHeaderDict()
     for name, value in headers.items():
-        exact.add(name, value)
+        if name.lower() not in named:
+            exact.add(name, value)
+    exact.update(own)
     if "User-Agent" not in exact:
         exact["User-Agent"] = user_agent or SKIP_HEADER
     if "Accept-Encoding" not in exact:
@@ -124,9 +128,19 @@ def _lower(headers) -> set:
 
 
 def post(
-    url: str, *, data: bytes, headers, timeout: float | None, forwarded: bool = False
+    url: str,
+    *,
+    data: bytes,
+    headers,
+    timeout: float | None,
+    forwarded: bool = False,
+    query: str = "",
 ) -> Outcome:
     """POST once; never follow redirects; read at most the stored response excerpt.
+
+    `query` is appended to the URL's own query as it is, after `url` is prepared:
+    preparing quotes again, decodes escapes of unreserved characters and, beside
+    one stray "%", quotes every escape a second time (see http.forwardable_query).
 
     `headers` (a mapping; an HTTPHeaderDict for repeated names) are sent exactly:
     each line, in order, and no client defaults beside them. webhooker's own
@@ -140,6 +154,9 @@ def post(
     with watchdog.deadline(timeout) as deadline:
         try:
             where = prepared_url(url)
+            path = where.path
+            if query:
+                path += ("&" if "?" in path else "?") + query
             own = {"Content-Length": str(len(data))}
             if where.authorization:
                 own["Authorization"] = where.authorization
@@ -151,7 +168,7 @@ def post(
             )
             response = pool.urlopen(
                 "POST",
-                where.path,
+                path,
                 body=data,
                 headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
                 retries=False,
