@@ -1,6 +1,7 @@
 """The inbound edge under hostile load (webhooker/edge.py): slow senders, floods,
 stalled writers, full disks, senders that hang up, and requests kept as received."""
 
+import contextlib
 import logging
 import signal
 import socket
@@ -180,6 +181,28 @@ def test_forwarded_with_the_query_appended_and_every_header_line(entrypoint, mak
     sent = {n.lower() for n, _ in received.lines}
     # Never sent by the sender, or only to webhooker itself.
     assert not sent & {"expect", "accept-encoding", "accept", "user-agent", "connection"}
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_a_header_that_never_ends_is_refused_once_past_the_heads_limit(entrypoint, data_dir):
+    """The parser holds a header line until it ends, and the limits were checked
+    only then: forty such connections grew a worker by a gigabyte. The head's
+    bytes are counted as they arrive."""
+    web, base = start_web(data_dir, workers=1)
+    try:
+        with connect(base, timeout=30) as sock:
+            sock.sendall(
+                f"POST /webhook/{entrypoint.code} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                + b"X-Endless: "
+            )
+            with contextlib.suppress(OSError):  # the server may close before we finish
+                for _ in range(64):
+                    sock.sendall(b"a" * 16384)
+            code, _, body = read_response(sock)
+    finally:
+        web.stop()
+    assert code == 400, body
 
 
 @pytest.mark.e2e

@@ -259,7 +259,24 @@ class Protocol(HttpToolsProtocol):
     def connection_made(self, transport):
         super().connection_made(transport)
         self._head_deadline = None
+        self._head_done = True
+        self._head_bytes = 0
+        self._began = False
         self._arm_head_deadline()
+
+    def data_received(self, data):
+        self._began = False
+        super().data_received(data)
+        # The parser keeps a header line it has not seen the end of and calls
+        # on_header only at its end, so the limits there come too late for a line
+        # that never ends: the head's bytes are counted as they arrive. A chunk in
+        # which a message began is not counted (where it began in it is not known),
+        # so the bound is the limits plus one read.
+        if self._head_done or self._began or self.transport.is_closing():
+            return
+        self._head_bytes += len(data)
+        if self._head_bytes > self.MAX_REQUEST_LINE + self.MAX_HEAD + self.MAX_FIELDS * 4:
+            self.send_400_response("request head too large")
 
     def connection_lost(self, exc):
         self._disarm_head_deadline()
@@ -271,6 +288,8 @@ class Protocol(HttpToolsProtocol):
         self._head = 0
         self._names = []
         self._head_done = False
+        self._head_bytes = 0
+        self._began = True
         self._arm_head_deadline()
 
     def on_url(self, url):
