@@ -461,6 +461,48 @@ def test_a_stalled_writer_gets_inbound_requests_503_not_a_hang(entrypoint, data_
 
 
 @sqlite_only
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+def test_requests_queued_behind_a_stalled_writer_wait_the_bound_once_not_in_turn(
+    entrypoint, data_dir
+):
+    """The writer-lock bound counts from a request's arrival, not from when a thread
+    takes it up: behind one thread busy waiting, eight requests each waited the
+    whole bound in turn (the last 16 s for a 2 s bound; 20 s each by default, two
+    minutes for the queue's last)."""
+    bound = 2
+    web, base = start_web(
+        data_dir, workers=1, SQLITE_BUSY_TIMEOUT=bound, WEB_THREADS=1, WEB_QUEUE=8
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER], cwd=ROOT, env=process_env(data_dir), stdout=subprocess.PIPE
+    )
+    answers = {}
+
+    def post(n):
+        started = time.monotonic()
+        response = requests.post(f"{base}/webhook/{entrypoint.code}", data=b"{}", timeout=60)
+        answers[n] = (response.status_code, time.monotonic() - started)
+
+    try:
+        assert holder.stdout.readline() == b"holding\n"
+        senders = [threading.Thread(target=post, args=(n,)) for n in range(8)]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        web.stop()
+    assert sorted(status for status, _ in answers.values()) == [503] * 8
+    # Each waited about the bound since it arrived (a wide margin for a slow
+    # machine; in turn, the last would wait eight bounds).
+    assert max(took for _, took in answers.values()) < 3 * bound, answers
+    assert Event.objects.count() == 0
+
+
+@sqlite_only
 @pytest.mark.django_db(transaction=True)
 def test_a_new_connection_reads_while_a_writer_holds_the_lock():
     """WAL readers never wait for the writer, and connecting is no exception: a web

@@ -29,11 +29,14 @@ import io
 import logging
 import sys
 import threading
+import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
+
+from webhooker.sqlite.base import request_arrived
 
 logger = logging.getLogger("deliveries.edge")
 
@@ -42,6 +45,8 @@ OVERLOADED_RETRY_AFTER = 5
 # Keys of the WSGI environ that carry what CGI variables cannot.
 RAW_HEADERS = "webhooker.headers"
 GONE = "webhooker.gone"
+# When the request was admitted (time.monotonic()).
+ARRIVED = "webhooker.arrived"
 # Key of the ASGI scope with the header names as the client spelled them (uvicorn
 # lower-cases scope["headers"]), one per line, in order.
 HEADER_NAMES = "webhooker.header_names"
@@ -85,6 +90,7 @@ class Edge:
             return
         gone = threading.Event()
         environ = wsgi_environ(scope, body, gone)
+        environ[ARRIVED] = time.monotonic()
         self.inflight += 1
         watcher = asyncio.create_task(_watch(receive, gone))
         try:
@@ -128,6 +134,14 @@ class Edge:
         """Run the WSGI application on a pool thread; None if the sender left first."""
         if environ[GONE].is_set():
             return None
+        # Waits for the SQLite writer are bounded from here, not from this thread.
+        arrival = request_arrived.set(environ[ARRIVED])
+        try:
+            return self._respond(environ)
+        finally:
+            request_arrived.reset(arrival)
+
+    def _respond(self, environ):
         started = []
 
         def start_response(status, headers, exc_info=None):

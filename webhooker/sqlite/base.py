@@ -18,7 +18,10 @@ queue earns, so it stays.
 The wait for the lock is bounded by the database's "timeout" option, like
 SQLite's own busy wait: a writer stopped while holding it (SIGSTOP, a debugger)
 costs every other writer that long, then "database is locked", which the inbound
-view answers with 503.
+view answers with 503. For a request the bound counts from its arrival
+(`request_arrived`, set by webhooker/edge.py), not from when a thread takes it up:
+requests queued behind threads that are themselves waiting would otherwise wait
+the whole bound each in turn, the queue's last a few minutes.
 
 A new file is given incremental auto-vacuum here, before anything else touches it
 (retention gives freed pages back with it), and only a new file: `PRAGMA
@@ -27,14 +30,21 @@ web worker's or an admin page's first connection waited behind any write - up to
 the busy timeout behind a stalled one - where WAL readers wait for nothing.
 """
 
+import contextvars
 import fcntl
 import os
 import queue
 import sqlite3
 import threading
+import time
 
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
+
+# When the request this thread serves arrived (time.monotonic()), if it serves one.
+request_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "request_arrived", default=None
+)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -66,8 +76,13 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self._waiter is None:
             self._waiter = _Waiter(fd)
         timeout = self.settings_dict["OPTIONS"].get("timeout", 5)
-        if not self._waiter.take(timeout):
-            raise OperationalError(f"database is locked (no writer turn in {timeout:g} s)")
+        arrived = request_arrived.get()
+        wait = timeout if arrived is None else timeout - (time.monotonic() - arrived)
+        if wait <= 0 or not self._waiter.take(wait):
+            since = "" if arrived is None else " of the request's arrival"
+            raise OperationalError(
+                f"database is locked (no writer turn within {timeout:g} s{since})"
+            )
 
     def _release_writer(self):
         if self._writing:
