@@ -25,14 +25,17 @@ the file never shrinks without VACUUM FULL, which steady retention does not need
 """
 
 import datetime
+import logging
 import threading
 import time
 from collections import Counter
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from deliveries.models import Delivery, DeliveryResult, Event, Webhook
+
+logger = logging.getLogger(__name__)
 
 # How long each prune transaction aims to hold the writer lock: what it may add
 # to an inbound request that arrives meanwhile (SQLite has one writer).
@@ -49,6 +52,10 @@ READ_AHEAD = 1000
 YIELD = 1.0
 # Free pages given back by the incremental vacuum's first transaction (paced to
 # HOLD like the batches after it; 1 000 pages took about 10 ms), and the most.
+# Times a batch is tried when PostgreSQL aborts it to break a deadlock (SQLSTATE
+# 40P01), before it is left for the next prune.
+DEADLOCK_TRIES = 3
+DEADLOCK_DETECTED = "40P01"
 FIRST_VACUUM_STEP = 100
 MAX_VACUUM_STEP = 10_000
 
@@ -157,10 +164,29 @@ def _delete(ids) -> tuple[Counter, float]:
     q = connection.ops.quote_name
     event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
     marks = ", ".join(["%s"] * len(ids))
-    with transaction.atomic():
-        began = time.monotonic()
-        _delete_in(ids, removed, (event, delivery, result), marks)
-    return removed, time.monotonic() - began
+    for attempt in range(1, DEADLOCK_TRIES + 1):
+        removed = Counter()
+        try:
+            with transaction.atomic():
+                began = time.monotonic()
+                _delete_in(ids, removed, (event, delivery, result), marks)
+            return removed, time.monotonic() - began
+        except OperationalError as exc:
+            # The batch locks events, then their deliveries; a replay or a
+            # webhook's deletion takes the same rows the other way round, and
+            # PostgreSQL aborts one side. Once the other side has committed the
+            # batch goes through (its look under lock sees what changed); left
+            # after DEADLOCK_TRIES, for the next prune, rather than ending this one.
+            if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+                raise
+            if attempt == DEADLOCK_TRIES:
+                logger.warning(
+                    "prune: %d events left for the next prune, deadlocked %d times: %s",
+                    len(ids),
+                    attempt,
+                    str(exc).splitlines()[0],
+                )
+    return Counter(), 0.0
 
 
 _UNFINISHED = frozenset(map(str, Delivery.UNFINISHED))

@@ -180,3 +180,62 @@ def test_the_unfinished_check_reads_the_batchs_deliveries_not_every_unfinished_o
         text = explain(sql)
         assert "unfinished" not in text and "status" not in text, text
         assert "Seq Scan" not in text and "SCAN" not in text.replace("SEARCH", ""), text
+
+
+@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="row locks")
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_that_deadlocks_with_a_replay_carries_on(entrypoint, make_target, monkeypatch):
+    """The prune locks a batch's events, then their deliveries; a replay locks
+    deliveries (set back to pending), then an event's row (a new delivery's
+    foreign key, for a target added since). PostgreSQL breaks the deadlock by
+    aborting one of them; the prune used to end there with a traceback, and that
+    day's pruning of every other webhook with it."""
+    import threading
+    import time
+
+    from django.db import connection as default
+    from django.db.models import QuerySet
+
+    from deliveries.models import Delivery, Target
+
+    make_target(Target.Type.LOG, name="first")
+    expired(entrypoint, 1)
+    event = Event.objects.get()
+    Delivery.objects.update(status=Delivery.Status.DELIVERED)
+    make_target(Target.Type.LOG, name="added since")
+    deliveries_locked = threading.Event()
+    real_bulk_create = QuerySet.bulk_create
+
+    def bulk_create_after_a_pause(self, *args, **kwargs):
+        if threading.current_thread().name == "replay":
+            deliveries_locked.set()
+            # The prune locks the event meanwhile and waits for the deliveries; its
+            # deadlock check (after PostgreSQL's deadlock_timeout, 1 s) then finds
+            # the cycle, so the prune is the one aborted.
+            time.sleep(0.5)
+        return real_bulk_create(self, *args, **kwargs)
+
+    monkeypatch.setattr(QuerySet, "bulk_create", bulk_create_after_a_pause)
+    outcomes = {}
+
+    def run(name, function):
+        try:
+            outcomes[name] = function()
+        except Exception as exc:
+            outcomes[name] = exc
+        finally:
+            default.close()
+
+    again = Event.objects.filter(pk=event.pk)
+    replay = threading.Thread(target=run, args=("replay", again.replay), name="replay")
+    replay.start()
+    deliveries_locked.wait(10)
+    prune = threading.Thread(target=run, args=("prune", retention.prune_events), name="prune")
+    prune.start()
+    replay.join(30)
+    prune.join(30)
+    assert not isinstance(outcomes["prune"], Exception), outcomes
+    replayed = not isinstance(outcomes["replay"], Exception)
+    # Whichever PostgreSQL aborted, what is left is consistent: a replayed event is
+    # on its way again and kept; one whose replay was aborted is pruned.
+    assert Event.objects.filter(pk=event.pk).exists() == replayed, outcomes
