@@ -50,12 +50,15 @@ SERVER_BATCH = 100
 READ_AHEAD = 1000
 # After each batch, pause this many times as long as the batch took.
 YIELD = 1.0
-# Free pages given back by the incremental vacuum's first transaction (paced to
-# HOLD like the batches after it; 1 000 pages took about 10 ms), and the most.
+# Body bytes in one transaction at most (at least one event): the pacer's floor of
+# FIRST_BATCH events held the lock 87 ms a batch with 1 MB bodies.
+MAX_BATCH_BYTES = 1 << 20
 # Times a batch is tried when PostgreSQL aborts it to break a deadlock (SQLSTATE
 # 40P01), before it is left for the next prune.
 DEADLOCK_TRIES = 3
 DEADLOCK_DETECTED = "40P01"
+# Free pages given back by the incremental vacuum's first transaction (paced to
+# HOLD like the batches after it; 1 000 pages took about 10 ms), and the most.
 FIRST_VACUUM_STEP = 100
 MAX_VACUUM_STEP = 10_000
 
@@ -126,16 +129,17 @@ def prune_events(
             # up writers, and the transaction below looks again anyway), many
             # batches at a time: with stale statistics PostgreSQL ran this read as
             # a sort of every expired event, ~25 ms each time.
-            ids = list(
+            candidates = list(
                 expired.filter(id__gt=after)
                 .order_by("id")
-                .values_list("id", flat=True)[: max(READ_AHEAD, pacer.size)]
+                .values_list("id", "body_size")[: max(READ_AHEAD, pacer.size)]
             )
-            if not ids:
+            if not candidates:
                 break
-            after = ids[-1]
-            while ids:
-                batch_ids, ids = ids[: pacer.size], ids[pacer.size :]
+            after = candidates[-1][0]
+            while candidates:
+                batch_ids = _batch(candidates, pacer.size)
+                del candidates[: len(batch_ids)]
                 deleted, held = _delete(batch_ids)
                 removed += deleted
                 pacer.record(len(batch_ids), held)
@@ -144,6 +148,18 @@ def prune_events(
     if removed["events"]:
         give_back_space(stop)
     return removed
+
+
+def _batch(candidates: list[tuple[int, int]], size: int) -> list[int]:
+    """The ids of the first `size` candidates (id, body size), fewer if their bodies
+    pass MAX_BATCH_BYTES; at least one."""
+    ids, total = [], 0
+    for event_id, body_size in candidates[:size]:
+        total += body_size
+        if ids and total > MAX_BATCH_BYTES:
+            break
+        ids.append(event_id)
+    return ids
 
 
 def _delete(ids) -> tuple[Counter, float]:

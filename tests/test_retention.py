@@ -51,6 +51,26 @@ def test_each_batch_is_its_own_transaction_and_the_pruner_yields_after_it(entryp
 
 
 @pytest.mark.django_db
+def test_large_bodies_make_smaller_batches(entrypoint, monkeypatch):
+    """Ten events of 1 MB in one transaction held SQLite's writer lock 87 ms; a
+    batch holds at most retention.MAX_BATCH_BYTES of bodies, at least one event."""
+    entrypoint.webhook.retention_days = 1
+    entrypoint.webhook.save()
+    store(entrypoint, body=b"x" * (600 * 1024), n=5)
+    store(entrypoint, body=b"{}", n=3)
+    age(2)
+    batches = []
+    delete = retention._delete
+    monkeypatch.setattr(
+        retention, "_delete", lambda ids: (batches.append(len(ids)), delete(ids))[1]
+    )
+    removed = retention.prune_events()
+    assert removed["events"] == 8
+    # 600 KB each: one a batch, the last with the three small ones.
+    assert batches == [1, 1, 1, 1, 4]
+
+
+@pytest.mark.django_db
 def test_a_set_stop_ends_the_prune_between_batches(entrypoint):
     import threading
 
