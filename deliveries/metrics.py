@@ -7,6 +7,9 @@ scrape adds every process's files up, so the numbers are right however many
 workers serve the scrape. The engine's gauges come from its heartbeat row.
 """
 
+import logging
+import os
+
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 from prometheus_client.core import GaugeMetricFamily
@@ -44,22 +47,70 @@ ATTEMPT_SECONDS = Histogram(
 )
 
 
+logger = logging.getLogger(__name__)
+
+# Bytes given to each of a process's metric files before it counts: room for
+# about 5 000 series (a webhook's histogram is 15 of them) before prometheus-client
+# grows the file, sparse again.
+ALLOCATED = 1 << 20
+_allocated_for = {"pid": None, "counting": True}
+
+
+def counting() -> bool:
+    """Whether this process counts: its metric files have their disk blocks.
+
+    prometheus-client maps sparse files; a counter written into a page with no
+    block behind it on a full disk is a SIGBUS, which killed a web worker after
+    its event was committed and before the 200 (the sender, seeing the connection
+    reset, sends a duplicate). So each process allocates its files' blocks first,
+    and counts nothing if the disk has none to give: metrics are worth less than
+    the answer.
+    """
+    pid = os.getpid()
+    if _allocated_for["pid"] != pid:
+        _allocated_for["pid"] = pid
+        _allocated_for["counting"] = _allocate(pid)
+    return _allocated_for["counting"]
+
+
+def _allocate(pid: int) -> bool:
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not directory:
+        return True
+    try:
+        # prometheus-client's names for a process's counter and histogram files.
+        for kind in ("counter", "histogram"):
+            fd = os.open(os.path.join(directory, f"{kind}_{pid}.db"), os.O_RDWR | os.O_CREAT)
+            try:
+                os.posix_fallocate(fd, 0, ALLOCATED)
+            finally:
+                os.close(fd)
+    except OSError as exc:
+        logger.warning("metrics off in this process, their files have no room: %s", exc)
+        return False
+    return True
+
+
 def event_received(webhook_code, size: int) -> None:
-    EVENTS.labels(webhook=str(webhook_code)).inc()
-    EVENT_BYTES.labels(webhook=str(webhook_code)).observe(size)
+    if counting():
+        EVENTS.labels(webhook=str(webhook_code)).inc()
+        EVENT_BYTES.labels(webhook=str(webhook_code)).observe(size)
 
 
 def event_rejected(entrypoint_code) -> None:
-    REJECTIONS.labels(entrypoint=str(entrypoint_code)).inc()
+    if counting():
+        REJECTIONS.labels(entrypoint=str(entrypoint_code)).inc()
 
 
 def event_duplicate(webhook_code) -> None:
-    DUPLICATES.labels(webhook=str(webhook_code)).inc()
+    if counting():
+        DUPLICATES.labels(webhook=str(webhook_code)).inc()
 
 
 def attempt_made(target_type: str, outcome: str, duration_ms: int) -> None:
-    ATTEMPTS.labels(target_type=target_type, outcome=outcome).inc()
-    ATTEMPT_SECONDS.labels(target_type=target_type).observe(duration_ms / 1000)
+    if counting():
+        ATTEMPTS.labels(target_type=target_type, outcome=outcome).inc()
+        ATTEMPT_SECONDS.labels(target_type=target_type).observe(duration_ms / 1000)
 
 
 class EngineCollector:

@@ -5,7 +5,7 @@ import re
 import pytest
 import requests
 
-from deliveries.models import Delivery
+from deliveries.models import Delivery, Event
 from tests.processes import start_engine, start_web, wait_until
 from tests.test_e2e import post_events
 
@@ -88,3 +88,48 @@ def test_junk_authorization_is_refused_not_a_crash(client, settings):
     settings.METRICS_USERNAME, settings.METRICS_PASSWORD = AUTH
     for header in ("Basic é", "Basic !!!", "Basic " + "w6k=", "Bearer x", "Basic"):
         assert client.get("/metrics", HTTP_AUTHORIZATION=header).status_code == 401, header
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A small tmpfs, filled to the last byte (root only: skipped otherwise)."""
+    import subprocess
+
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)]).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with open(mount / "filler", "wb") as filler:
+            try:
+                while True:
+                    filler.write(b"\0" * 65536)
+                    filler.flush()
+            except OSError:
+                pass
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.e2e
+def test_a_full_metrics_disk_costs_the_metrics_not_the_worker(
+    entrypoint, data_dir, full_filesystem
+):
+    """prometheus-client's files are sparse: a counter written into a page with no
+    block behind it on a full disk killed the worker with SIGBUS, after its event
+    was committed and before the 200 (the sender, seeing the connection reset,
+    sends a duplicate). Each process's files get their blocks first, or the
+    process counts nothing."""
+    web, base = start_web(data_dir, workers=1, PROMETHEUS_MULTIPROC_DIR=str(full_filesystem))
+    try:
+        answers = [
+            requests.post(f"{base}/webhook/{entrypoint.code}", data=b"{}", timeout=10).status_code
+            for _ in range(3)
+        ]
+        log = web.log()
+    finally:
+        web.stop()
+    assert answers == [200, 200, 200]
+    assert "SIGBUS" not in log
+    assert Event.objects.count() == 3
