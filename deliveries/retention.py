@@ -171,7 +171,6 @@ def _delete(ids) -> tuple[Counter, float]:
     Raw statements, their text built before the transaction: on SQLite everything
     inside holds the one writer lock, and Django's query building there cost more
     than the statements (about 2 of the 3 ms of a one-event batch)."""
-    removed = Counter()
     # Plain DELETEs, children first: Django's delete() would load every row into
     # Python to collect cascades, several times the CPU of the statements, on the
     # cores the inbound view needs meanwhile. These three tables are the only ones

@@ -265,6 +265,9 @@ def test_credentials_in_the_target_url_win_over_the_senders_authorization(
     assert [v for n, v in received.lines if n.lower() == "authorization"] == [
         "Basic dXNlcjpwYXNz"  # user:pass
     ]
+    # The attempt's record shows what was sent, not the sender's line.
+    recorded = Delivery.objects.get().results.get().request_headers
+    assert "Bearer the-senders" not in [v for _, v in recorded]
 
 
 def test_a_target_can_turn_query_forwarding_off(entrypoint, make_target, sink):

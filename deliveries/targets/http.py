@@ -177,6 +177,10 @@ class HttpTarget(TargetType):
         if task.target.signing:
             sign(headers, task, body)
         url = config["url"]
+        if urllib.parse.urlsplit(url).username is not None:
+            # The URL's credentials are sent as Basic auth (transport.post), in
+            # place of the sender's, as configured headers replace theirs.
+            headers.discard("Authorization")
         query = "" if config.get("drop_query") else forwardable_query(task.query_string)
         outcome = transport.post(
             url,
