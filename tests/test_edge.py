@@ -207,6 +207,24 @@ def test_a_header_that_never_ends_is_refused_once_past_the_heads_limit(entrypoin
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
+def test_a_body_declared_too_large_is_refused_without_inviting_it(entrypoint, data_dir):
+    """With `Expect: 100-continue` a client waits to be asked for its body: a body
+    refused from its Content-Length alone is answered 413, never 100 Continue."""
+    web, base = start_web(data_dir, workers=1)
+    try:
+        with connect(base) as sock:
+            sock.sendall(
+                f"POST /webhook/{entrypoint.code} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Length: 104857600\r\nExpect: 100-continue\r\n\r\n".encode()
+            )
+            code, _, _ = read_response(sock)
+    finally:
+        web.stop()
+    assert code == 413
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_forwarded_for_from_an_untrusted_peer_is_not_the_senders_address(entrypoint, data_dir):
     """Only WEBHOOKER_TRUSTED_PROXIES may name the client (TrustedProxyMiddleware);
     the server itself must not take X-Forwarded-For from whoever connects."""

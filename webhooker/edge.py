@@ -92,14 +92,18 @@ class Edge:
         environ = wsgi_environ(scope, body, gone)
         environ[ARRIVED] = time.monotonic()
         self.inflight += 1
-        watcher = asyncio.create_task(_watch(receive, gone))
+        # Watching for a hang-up means asking for more of the request, which is
+        # what makes uvicorn send 100 Continue: not for a body left unread (too
+        # large, refused whatever happens, nothing stored).
+        watcher = asyncio.create_task(_watch(receive, gone)) if complete else None
         try:
             result = await asyncio.get_running_loop().run_in_executor(
                 self.executor, self._call, environ
             )
         finally:
             self.inflight -= 1
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
         if result is None or gone.is_set():
             return
         status, headers, content = result
