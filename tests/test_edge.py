@@ -207,6 +207,44 @@ def test_a_header_that_never_ends_is_refused_once_past_the_heads_limit(entrypoin
 
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
+def test_bodies_held_in_memory_have_a_budget_per_worker(entrypoint, data_dir):
+    """Sixty senders each one byte short of a 10 MiB body held 685 MB of a worker
+    until the body deadline. Past WEB_BODY_BUFFER bytes of bodies held (beyond each
+    one's first 64 KiB, which most events fit in), a request is answered 503 with
+    Retry-After, at once; the budget comes back as requests finish."""
+    budget = 1_000_000
+    web, base = start_web(data_dir, workers=1, WEB_BODY_BUFFER=budget)
+    held = []
+    try:
+        for _ in range(2):  # 550 000 bytes each sent, 50 000 more to come
+            sock = connect(base)
+            sock.sendall(
+                f"POST /webhook/{entrypoint.code} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                "Content-Length: 600000\r\n\r\n".encode()
+                + b" " * 550_000
+            )
+            held.append(sock)
+        time.sleep(0.5)  # what they sent read and counted
+        over, _, _ = exchange(base, post_bytes(f"/webhook/{entrypoint.code}", b" " * 300_000))
+        small, _, _ = exchange(base, post_bytes(f"/webhook/{entrypoint.code}", b"{}"))
+        for sock in held:
+            sock.close()
+        wait_until(
+            lambda: (
+                exchange(base, post_bytes(f"/webhook/{entrypoint.code}", b" " * 300_000))[0] == 200
+            ),
+            message="the budget back once the held bodies are gone",
+        )
+    finally:
+        for sock in held:
+            sock.close()
+        web.stop()
+    assert over == 503
+    assert small == 200
+
+
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_a_body_declared_too_large_is_refused_without_inviting_it(entrypoint, data_dir):
     """With `Expect: 100-continue` a client waits to be asked for its body: a body
     refused from its Content-Length alone is answered 413, never 100 Continue."""

@@ -21,6 +21,7 @@ def _build():
         queue=settings.WEB_QUEUE,
         body_timeout=settings.WEBHOOKER_BODY_TIMEOUT,
         max_body=settings.WEBHOOKER_MAX_BODY_BYTES,
+        body_buffer=settings.WEB_BODY_BUFFER,
     )
 
 

@@ -42,6 +42,12 @@ logger = logging.getLogger("deliveries.edge")
 
 # Seconds a client waiting for an overloaded worker is asked to wait before retrying.
 OVERLOADED_RETRY_AFTER = 5
+# The first bytes of every body, not counted against the body budget: the events of
+# most senders fit (GitHub's pushes run to tens of kilobytes), so a budget filled
+# by a few large bodies held open refuses large bodies, not every sender. Counted
+# as they arrive, never from a declared length: a length declared and never sent
+# would fill the budget for free.
+SMALL_BODY = 64 * 1024
 # Keys of the WSGI environ that carry what CGI variables cannot.
 RAW_HEADERS = "webhooker.headers"
 GONE = "webhooker.gone"
@@ -55,8 +61,22 @@ HEADER_NAMES = "webhooker.header_names"
 class Edge:
     """ASGI application in front of a WSGI one; see the module docstring."""
 
-    def __init__(self, app, *, threads: int, queue: int, body_timeout: float, max_body: int):
+    def __init__(
+        self,
+        app,
+        *,
+        threads: int,
+        queue: int,
+        body_timeout: float,
+        max_body: int,
+        body_buffer: int | None = None,
+    ):
         self.app = app
+        # Bytes of request bodies this worker may hold at once, beyond each one's
+        # first SMALL_BODY, and how many it holds: only the event loop's thread
+        # touches it.
+        self.body_buffer = body_buffer
+        self.buffered = 0
         self.limit = threads + queue
         self.body_timeout = body_timeout
         self.max_body = max_body
@@ -71,13 +91,29 @@ class Edge:
             return
         if scope["type"] != "http":
             return
+        held = [0]  # bytes of the body budget this request holds
+        try:
+            await self._serve(scope, receive, send, held)
+        finally:
+            self.buffered -= held[0]
+
+    async def _serve(self, scope, receive, send, held):
         try:
             async with asyncio.timeout(self.body_timeout):
-                body, complete = await self._read_body(scope, receive)
+                body, complete = await self._read_body(scope, receive, held)
         except TimeoutError:
             await answer(send, 408, "the request was not received in time\n", close=True)
             return
         except SenderGone:
+            return
+        except OverBudget:
+            await answer(
+                send,
+                503,
+                "too many request bodies in memory, retry later\n",
+                retry_after=OVERLOADED_RETRY_AFTER,
+                close=True,
+            )
             return
         if self.inflight >= self.limit:
             await answer(
@@ -112,11 +148,12 @@ class Edge:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
-    async def _read_body(self, scope, receive) -> tuple[bytes, bool]:
+    async def _read_body(self, scope, receive, held) -> tuple[bytes, bool]:
         """The body, at most max_body + 1 bytes of it, and whether it was read whole.
 
         A declared length over the limit is not read at all: the view refuses it
-        from the header alone.
+        from the header alone. Raises OverBudget when holding what has arrived
+        would take the worker past its body budget.
         """
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
@@ -129,10 +166,25 @@ class Edge:
             chunk = message.get("body", b"")
             parts.append(chunk)
             size += len(chunk)
+            if size - SMALL_BODY > held[0]:
+                self._hold(held, size - SMALL_BODY - held[0])
             if not message.get("more_body", False):
                 return b"".join(parts), True
             if size > self.max_body:
                 return b"".join(parts)[: self.max_body + 1], False
+
+    def _hold(self, held, size: int) -> None:
+        """Count `size` more bytes against the body budget for this request, or
+        raise OverBudget. A request is let through when nothing else is held, so
+        that a body larger than the budget is still served alone."""
+        if (
+            self.body_buffer is not None
+            and self.buffered
+            and self.buffered + size > self.body_buffer
+        ):
+            raise OverBudget
+        held[0] += size
+        self.buffered += size
 
     def _call(self, environ):
         """Run the WSGI application on a pool thread; None if the sender left first."""
@@ -177,6 +229,10 @@ class Edge:
 
 class SenderGone(Exception):
     """The client hung up before its request was read: there is no one to answer."""
+
+
+class OverBudget(Exception):
+    """The worker holds as many bytes of request bodies as it may (WEB_BODY_BUFFER)."""
 
 
 async def _watch(receive, gone: threading.Event):

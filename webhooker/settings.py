@@ -319,6 +319,10 @@ WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, min
 # waits at most a few tens of milliseconds at the measured ~1 ms per event.
 WEB_THREADS = _number("WEB_THREADS", 4, minimum=1)
 WEB_QUEUE = _number("WEB_QUEUE", 32, minimum=0)
+# Bytes of request bodies a web worker holds in memory at once, beyond each body's
+# first 64 KiB (webhooker/edge.py, SMALL_BODY); past them, 503 with Retry-After at
+# once. A body larger than this is still served when it is the only one.
+WEB_BODY_BUFFER = _number("WEB_BODY_BUFFER", 64 * 1024 * 1024, minimum=1)
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")
 WEBHOOKER_ALLOWED_TARGET_NETWORKS = _networks("WEBHOOKER_ALLOWED_TARGET_NETWORKS")
 WEBHOOKER_TRUSTED_PROXIES = _networks("WEBHOOKER_TRUSTED_PROXIES")
