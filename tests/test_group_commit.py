@@ -37,6 +37,21 @@ def _in_thread(function, outcomes, key):
     return thread
 
 
+def leading(group, webhook, outcomes):
+    """A first caller leading its own group, held open until the returned event is
+    set, so that the callers queued meanwhile make the next group together;
+    returns (its thread, the event)."""
+    release = threading.Event()
+
+    def lead():
+        release.wait(10)
+        return _event(webhook, uuid.uuid4()).code
+
+    thread = _in_thread(lambda: group.run(lead), outcomes, "lead")
+    wait_until(lambda: group.groups == 1, message="leading")
+    return thread, release
+
+
 def queue(group, outcomes, key, store):
     """A caller of group.run on a thread of its own, once it is waiting in line."""
     waiting = len(group._waiting)
@@ -123,19 +138,14 @@ def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
     makes Django roll the group back without raising: its neighbours must not be
     answered as stored."""
     group = ingest.GroupCommit()
-    release = threading.Event()
     outcomes = {}
-
-    def lead():
-        release.wait(10)
-        return _event(webhook, uuid.uuid4()).code
 
     def lose_connection():
         connection.close()
         return None
 
-    threads = [_in_thread(lambda: group.run(lead), outcomes, "lead")]
-    wait_until(lambda: group.groups == 1, message="leading")
+    lead, release = leading(group, webhook, outcomes)
+    threads = [lead]
     code = uuid.uuid4()
     threads.append(queue(group, outcomes, "a", lambda: _event(webhook, code).code))
     threads.append(queue(group, outcomes, "b", lose_connection))
@@ -152,20 +162,15 @@ def test_a_full_disk_mid_group_fails_the_rest_of_it_as_unavailable(webhook):
     the events after it in the group get the same database error (the view's 503),
     not Django's complaint about a broken transaction (a 500)."""
     group = ingest.GroupCommit()
-    release = threading.Event()
     outcomes = {}
-
-    def lead():
-        release.wait(10)
-        return _event(webhook, uuid.uuid4()).code
 
     def disk_fills():
         _event(webhook, uuid.uuid4())
         connection.connection.execute("ROLLBACK")  # as SQLite does on SQLITE_FULL
         raise OperationalError("database or disk is full")
 
-    threads = [_in_thread(lambda: group.run(lead), outcomes, "lead")]
-    wait_until(lambda: group.groups == 1, message="leading")
+    lead, release = leading(group, webhook, outcomes)
+    threads = [lead]
     codes = [uuid.uuid4(), uuid.uuid4()]
     threads.append(queue(group, outcomes, "a", lambda: _event(webhook, codes[0]).code))
     threads.append(queue(group, outcomes, "full", disk_fills))
