@@ -652,7 +652,14 @@ class EngineStatusQuerySet(models.QuerySet):
         cluster = EngineCluster.objects.first()
         count = cluster.partitions if cluster else 1
         held = {p for engine in engines for p in engine.partitions or ()}
-        return Coverage(engines, count, [p for p in range(count) if p not in held])
+        # A partition handed over a moment ago is on its way to its next holder:
+        # unheld only once its grace is over (Partition.HANDOVER_GRACE).
+        moving = set(
+            Partition.objects.filter(
+                changed_at__gte=now - datetime.timedelta(seconds=Partition.HANDOVER_GRACE)
+            ).values_list("number", flat=True)
+        )
+        return Coverage(engines, count, [p for p in range(count) if p not in held | moving])
 
     def forgotten(self, now):
         """Rows of engines gone for a day: each start writes a row of its own."""
@@ -689,6 +696,30 @@ class EngineCluster(models.Model):
         return f"{self.partitions} partitions"
 
 
+class Partition(models.Model):
+    """A partition's fencing token (PostgreSQL; DESIGN §13): `epoch` grows by one at
+    every take, in the same statement that records the new `holder`. Result writes
+    carry the epoch their claim was made under, and a write whose epoch is no longer
+    current changes nothing (engine/writer.py). `holder` is the engine name holding
+    it, blank once it was handed over cleanly (its next holder need not wait out the
+    previous holder's lease)."""
+
+    # Seconds a partition may be between two holders before the healthcheck calls
+    # it unheld: a planned hand-over moves it within a second.
+    HANDOVER_GRACE = 5.0
+
+    number = models.PositiveIntegerField(primary_key=True)
+    epoch = models.BigIntegerField(default=0)
+    holder = models.CharField(max_length=64, blank=True)
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["number"]
+
+    def __str__(self):
+        return f"partition {self.number} (epoch {self.epoch})"
+
+
 class EngineStatus(models.Model):
     """An engine's heartbeat: one row per running engine (`name` is unique per
     process). The one place that says which engines are alive and which partitions
@@ -718,6 +749,14 @@ class EngineStatus(models.Model):
     # The partitions this engine holds (PostgreSQL: the locks it has); None: the whole
     # database, as SQLite's one engine has it.
     partitions = models.JSONField(null=True, blank=True, default=None)
+    # PostgreSQL, written by the lock connection's every renewal (server clock): when
+    # the lease was last confirmed and when it runs out. Another engine evicts this
+    # one when `lease_renewed_at` is older than DELIVERY_EVICT_AFTER, and a taker of
+    # its partitions waits for `lease_until` before attempting in them.
+    lease_renewed_at = models.DateTimeField(null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    # The lock connection's backend pid (what eviction terminates).
+    lock_pid = models.PositiveIntegerField(null=True, blank=True)
 
     objects = EngineStatusQuerySet.as_manager()
 

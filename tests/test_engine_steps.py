@@ -528,9 +528,9 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
     ]
 
     with CaptureQueriesContext(connection) as queries:
-        existing = write_results(batch)
+        existing, written = write_results(batch)
 
-    assert existing == {first.delivery_id, second.delivery_id}
+    assert existing == written == {first.delivery_id, second.delivery_id}
     if connection.vendor == "postgresql":
         assert len(queries) == 1  # statuses and results: one statement, one round trip
         from tests.test_ingest_path import prepared
@@ -597,7 +597,10 @@ def test_a_nul_in_the_receivers_answer_is_written_not_failing_the_batch(entrypoi
     [task] = load_tasks(Delivery.objects.values_list("id", flat=True))
     outcome = Outcome(success=True, status_code=200, response_body="\x1f\x8b\x00\x00gz")
 
-    assert write_results([AttemptResult(task, outcome, "delivered", None, 3)]) == {task.delivery_id}
+    assert write_results([AttemptResult(task, outcome, "delivered", None, 3)]) == (
+        {task.delivery_id},
+        {task.delivery_id},
+    )
     assert DeliveryResult.objects.get().response_body == "\x1f\x8b\ufffd\ufffdgz"
 
 

@@ -1,5 +1,6 @@
 """The engine on real threads against real local HTTP servers."""
 
+import time
 from collections import Counter
 
 import pytest
@@ -109,3 +110,42 @@ def test_the_running_engine_prunes_old_events(entrypoint, make_target):
     with running:
         wait_until(lambda: not Event.objects.filter(pk=old.pk).exists(), message="retention to run")
     assert Event.objects.filter(pk=young.pk).exists()
+
+
+def test_the_writer_outlives_a_failure_after_its_commit(entrypoint, make_target, sink):
+    """A database error in what follows a committed result (the target's control
+    state, with the connection gone) once ended the writer's thread, and with it
+    every later result of the engine (found under injected faults)."""
+    import threading
+
+    from deliveries.engine.writer import ResultWriter, Written
+    from tests.engine_helpers import make_engine as build
+
+    make_target(url=sink.url("/a"))
+    engine = build()
+    engine.recover_once(at_start=True)
+    store(entrypoint, n=2)
+    engine.intake_once()
+    told = []
+
+    def on_written(result, written):
+        told.append(written)
+        if len(told) == 1:
+            raise RuntimeError("after the commit")
+
+    writer = ResultWriter(on_written=on_written)
+    engine.writer = writer
+    stop = threading.Event()
+    thread = threading.Thread(target=writer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        engine.process_one()
+        engine.process_one()
+        deadline = time.monotonic() + 30
+        while len(told) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert told == [Written.COMMITTED, Written.COMMITTED]
+        assert thread.is_alive()
+    finally:
+        stop.set()
+        thread.join(10)

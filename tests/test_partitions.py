@@ -6,6 +6,7 @@ import threading
 import pytest
 from django.db import connection
 
+from deliveries.engine.handover import Handover
 from deliveries.engine.lock import open_raw_connection
 from deliveries.engine.partitions import (
     PartitionManager,
@@ -76,7 +77,7 @@ def test_an_engine_claims_and_attempts_only_in_its_partitions(entrypoint, make_t
     assert engine.inflight.held() == 0
 
     # Taking a partition runs the at-start recovery over it.
-    assert engine.take_partitions([b.pk % 2]) == 3
+    assert Handover(engine).take({b.pk % 2: None}) == 3
     pump(engine, until=lambda: statuses(b) == ["delivered"] * 3)
     assert len(sink.requests("/b")) == 3 and engine.inflight.held() == 0
 
@@ -89,7 +90,7 @@ def test_a_taken_partitions_backlog_past_the_channels_room_is_read_later(
     engine.recover_once(at_start=True)
     store(entrypoint, n=6)
     pump(engine, until=lambda: statuses(a) == ["delivered"] * 6)
-    assert engine.take_partitions([b.pk % 2]) == 2  # the channel's room
+    assert Handover(engine).take({b.pk % 2: None}) == 2  # the channel's room
     assert b.pk in engine.overflow
     pump(engine, until=lambda: statuses(b) == ["delivered"] * 6)
     assert len(sink.requests("/b")) == 6 and engine.inflight.held() == 0
@@ -111,8 +112,9 @@ def test_draining_lets_go_of_waiting_work_and_waits_for_the_running_attempt(
     engine.process(take_one(engine, b))
     assert engine.scheduler.pending() == 1
 
-    engine.start_drain([pb])
-    assert engine.drain_partition(pb)  # nothing of b is held any more
+    handover = Handover(engine)
+    handover.start_drain([pb])
+    assert handover.drained([pb]) == [pb]  # nothing of b is held any more
     assert sorted(Delivery.objects.filter(target=b).values_list("status", "attempts")) == [
         ("pending", 0),
         ("retrying", 1),
@@ -124,10 +126,10 @@ def test_draining_lets_go_of_waiting_work_and_waits_for_the_running_attempt(
     running = threading.Thread(target=engine.process, args=(take_one(engine, a),))
     running.start()
     sink.wait_for(1, "/a")
-    engine.start_drain([pa])
-    assert not engine.drain_partition(pa)  # its result is not committed yet
+    handover.start_drain([pa])
+    assert handover.drained([pa]) == []  # its result is not committed yet
     running.join(10)
-    assert engine.drain_partition(pa)
+    assert handover.drained([pa]) == [pa]
     assert engine.inflight.held() == 0 and engine.channel.depth() == 0
     assert sorted(Delivery.objects.filter(target=a).values_list("status", "attempts")) == [
         ("delivered", 1),
@@ -148,7 +150,7 @@ def test_a_lost_lock_drops_every_partition_at_once_and_writes_nothing(
     engine.process(take_one(engine, b))  # its retry waits in the scheduler
     before = list(Delivery.objects.order_by("id").values_list("status", "attempts", "updated_at"))
 
-    assert engine.drop_partitions() == {0, 1}
+    assert Handover(engine).drop_all() == {0, 1}
     assert engine.inflight.held() == 0 and engine.channel.depth() == 0
     assert engine.scheduler.pending() == 0
     assert engine.intake_once() == 0 and engine.recover_once() == 0
@@ -207,7 +209,13 @@ def test_managers_share_the_partitions_and_a_lost_connection_is_survived():
 
     def manager():
         engine = make_engine(partitions=Partitions(8, held=()))
-        return PartitionManager(engine, interval=0.0, connect=open_raw_connection)
+        return PartitionManager(
+            Handover(engine),
+            name=f"test-{id(engine)}",
+            interval=0.0,
+            evict_after=10.0,
+            connect=open_raw_connection,
+        )
 
     first, second = manager(), manager()
     try:

@@ -357,8 +357,29 @@ DELIVERY_DISABLE_AFTER = _number("DELIVERY_DISABLE_AFTER", 5 * 86_400.0, cast=fl
 # database: 64 spreads evenly over up to a few dozen engines, and an engine holding
 # many costs one advisory lock each.
 DELIVERY_PARTITIONS = _number("DELIVERY_PARTITIONS", 64, minimum=1)
-# Seconds between two looks at who is alive and which partitions to take or hand over.
+# Seconds between two looks at whether to hand partitions over to balance the
+# engines (free partitions are taken at every lease renewal, twice a second).
 DELIVERY_REBALANCE_INTERVAL = _number("DELIVERY_REBALANCE_INTERVAL", 5.0, cast=float, minimum=0.05)
+# An engine attempts in its partitions only while less than this many seconds have
+# passed since the start of its last round trip to PostgreSQL on its lock connection
+# (renewed twice a second). It must stay well below the server's keepalive bound
+# (about 11 s) and DELIVERY_EVICT_AFTER; the next holder of a partition an engine
+# lost without handing it over waits out what is left of this lease.
+DELIVERY_LEASE_SECONDS = _number("DELIVERY_LEASE_SECONDS", 2.0, cast=float, minimum=0.5)
+# Seconds without a lease renewal after which the other engines end an engine's lock
+# session (frozen, stuck, cut off) and take its partitions.
+DELIVERY_EVICT_AFTER = _number("DELIVERY_EVICT_AFTER", 10.0, cast=float, minimum=1.0)
+if DELIVERY_LEASE_SECONDS > 5.0:
+    raise ImproperlyConfigured(
+        f"DELIVERY_LEASE_SECONDS={DELIVERY_LEASE_SECONDS} must be at most 5: PostgreSQL "
+        "releases a silent engine's locks after about 11 s, and its lease must run out first"
+    )
+if DELIVERY_EVICT_AFTER < 2 * DELIVERY_LEASE_SECONDS:
+    raise ImproperlyConfigured(
+        f"DELIVERY_EVICT_AFTER={DELIVERY_EVICT_AFTER} must be at least twice "
+        f"DELIVERY_LEASE_SECONDS={DELIVERY_LEASE_SECONDS}: an engine is evicted only "
+        "once its own lease has certainly run out"
+    )
 
 # --- Alerts (deliveries/alerts.py) --------------------------------------------------
 # Seconds a breaker may stay open before the webhook's owner is told.

@@ -41,7 +41,13 @@ class Claimer:
         partitions this engine may not claim in are another engine's (or nobody's
         until one takes them).
         """
-        rows = [row for row in rows if self.partitions.may_claim(row[2])]
+        # Where to claim and under which epochs, read together and before the rows
+        # are loaded: a partition lost (and taken again) after this gives its tasks
+        # a stale epoch, so their results are refused, never a fresh epoch over
+        # rows read under the old one.
+        count = self.partitions.count
+        claimable, epochs = self.partitions.claims
+        rows = [row for row in rows if row[2] % count in claimable]
         self.targets.load({row[2] for row in rows})
         claimed = {}
         for delivery_id, status, target_id, cap in rows:
@@ -73,6 +79,9 @@ class Claimer:
             raise
         for task in tasks:
             del claimed[task.delivery_id]
+            partition = task.target_id % count
+            if partition in epochs:
+                task.fence = (partition, epochs[partition])
         for delivery_id, target_id in claimed.items():  # finished meanwhile
             self.gate.discharge(target_id)
             self.inflight.release(delivery_id)

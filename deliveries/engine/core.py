@@ -36,7 +36,7 @@ from deliveries.engine.gate import TargetGate
 from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
 from deliveries.engine.ordered import OrderedLanes
-from deliveries.engine.partitions import Partitions, in_partitions
+from deliveries.engine.partitions import Partitions
 from deliveries.engine.ratelimit import RateLimits
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
@@ -54,6 +54,8 @@ class Engine:
     # not be read, is tried again this much later, the delivery still owned: the
     # attempt is not sent again meanwhile.
     WRITE_RETRY = 5.0
+    # A task whose partition's lease ran out waits this long before it looks again.
+    LEASE_WAIT = 0.25
 
     def __init__(
         self,
@@ -117,9 +119,11 @@ class Engine:
                 oldest=Min("id")
             )["oldest"]
             self.intake.start_at(newest or 0, oldest)
-        return self._recover(at_start, self.partitions.filter, now)
+        return self.recover_in(self.partitions.filter, at_start=at_start, now=now)
 
-    def _recover(self, at_start: bool, narrow, now=None) -> int:
+    def recover_in(self, narrow, *, at_start=True, now=None) -> int:
+        """The recovery routine over the rows `narrow` keeps (handover.Handover.take
+        runs it over partitions just taken)."""
         return recover(
             claimer=self.claimer,
             dispatch=self.dispatch,
@@ -200,73 +204,8 @@ class Engine:
             task.deferred = False
             self.channel.put(task)
 
-    # --- partitions (partitions.PartitionManager calls these) ------------------------
-
-    def take_partitions(self, taken) -> int:
-        """Partitions just locked: claim in them, starting with the at-start recovery
-        pass over them (every pending and retrying delivery there). Return tasks
-        dispatched."""
-        taken = frozenset(taken)
-        # Claimable before the recovery reads: a row the cursor skipped while the
-        # partition was another's is committed before this read, so it is found.
-        self.partitions.take(taken)
-        count = self.partitions.count
-        dispatched = self._recover(True, lambda rows: in_partitions(rows, taken, count))
-        if self.channel.room() <= 0:
-            # Pending rows past the channel's room: the cursor went by them long ago,
-            # so their targets are drained from their oldest row, as overflow is.
-            backlog = in_partitions(
-                Delivery.objects.filter(status=Delivery.Status.PENDING), taken, count
-            )
-            targets = backlog.order_by().values_list("target_id", flat=True).distinct()
-            for target_id in targets:
-                self.overflow.note(target_id, 0)
-            self.wake_event.set()
-        return dispatched
-
-    def start_drain(self, partitions) -> None:
-        """Hand these partitions over: claim nothing more in them, and let go of their
-        waiting tasks (drain_partition); running attempts finish."""
-        self.partitions.start_drain(partitions)
-        self.drain_partitions(partitions)
-
-    def drain_partition(self, p: int) -> bool:
-        return bool(self.drain_partitions([p]))
-
-    def drain_partitions(self, partitions) -> list:
-        """Let go of what the engine holds of these partitions and is not running;
-        return those of which nothing is held any more (every result committed):
-        they may be unlocked."""
-        count, draining = self.partitions.count, frozenset(partitions)
-
-        def ours(target_id):
-            return target_id % count in draining
-
-        # A task whose result is not written yet stays: its attempt was sent, and
-        # only its result, written here, keeps the next owner from sending it again.
-        waiting = self.scheduler.take(lambda t: ours(t.target_id) and t.unwritten is None)
-        waiting += self.channel.take(lambda t: ours(t.target_id) and t.unwritten is None)
-        waiting += self.gate.drain_parked(where=ours)
-        for task in waiting:
-            self.release(task)  # rows keep their status; retrying ones their time
-        self._forget_targets(ours)
-        held = {target_id % count for target_id in self.gate.held_targets()}
-        return sorted(draining - held)
-
-    def drop_partitions(self) -> frozenset:
-        """The lock connection is gone, and every partition with it: stop attempting
-        in all of them at once, and drop their work from memory without writing
-        anything (another engine may own their rows now). Attempts already running
-        finish; their results are written, being true. Return what was held."""
-        was = self.partitions.drop_all()  # first: no claim, no attempt from here on
-        waiting = self.scheduler.take(lambda t: True) + self.channel.drain()
-        for task in waiting + self.gate.drain_parked():
-            self.release(task)
-        self._forget_targets(lambda target_id: True)
-        return was
-
-    def _forget_targets(self, which) -> None:
-        """Per-target state of targets another engine may own now."""
+    def forget_targets(self, which) -> None:
+        """Per-target state of targets another engine may own now (handover.py)."""
         self.overflow.forget(which)
         self.breakers.forget_where(which)
         self.lanes.forget_where(which)
@@ -312,13 +251,14 @@ class Engine:
     def attempt(self, task: Task) -> None:
         """Attempt the task once, with its target as it is now, or write the result
         an earlier turn could not."""
-        if task.unwritten is not None and self.partitions.may_attempt(task.target_id):
+        if task.unwritten is not None and self.partitions.holds(task.target_id):
             self.finish(task.unwritten)
             return
-        if not self.partitions.may_claim(task.target_id):
-            # Its partition is being handed over (or is gone with the lock
-            # connection): the row keeps its status for whoever holds it next.
-            self.release(task)
+        if not self.partitions.claimed_under(task.target_id, task.fence):
+            # Its partition is being handed over, or is gone with the lock
+            # connection (and perhaps taken again since, under a new epoch): the
+            # row keeps its status for whoever holds it now.
+            self.let_stale_go(task)
             return
         state = self.targets.get(task.target_id)
         if state is None or state.held:
@@ -356,6 +296,13 @@ class Engine:
             body = read_body(task) if body is None else body
         except DatabaseError:
             self._database_trouble(task)
+            return
+        if not self.partitions.may_attempt(task.target_id):
+            # The lease ran out (the lock connection silent, or this process just
+            # woke from a pause): nothing is sent until a round trip confirms the
+            # locks stand. The task waits here, still owned; if the locks are gone,
+            # the partitions thread drops it with everything else.
+            self.schedule(task, self.clock() + self.LEASE_WAIT)
             return
         result = attempts.attempt(
             task, body, base=self.config.backoff_base, cap=self.config.backoff_cap
@@ -449,7 +396,10 @@ class Engine:
             self.schedule(task, self.clock() + self.WRITE_RETRY)
             return
         task.unwritten = None
-        if written is Written.COMMITTED and self.control.after(result):
+        if written is Written.STALE:
+            self.let_stale_go(task)
+            return
+        if written is Written.COMMITTED and self._control_after(result):
             # The target paused itself: make sure nothing more of it is sent.
             self.refresh_targets(force=True)
         if written is Written.COMMITTED and result.status == Delivery.Status.RETRYING:
@@ -460,19 +410,42 @@ class Engine:
         # The result is committed, or the delivery is gone (invariant 4).
         self.release(task)
 
+    def _control_after(self, result: AttemptResult) -> bool:
+        """The target's control state after a committed result (control.py); a
+        database error there costs the bookkeeping of this one result, never the
+        result itself or the task's next step."""
+        try:
+            return self.control.after(result)
+        except DatabaseError:
+            logger.warning(
+                "delivery %s: could not update its target's state",
+                result.task.delivery_id,
+                exc_info=True,
+            )
+            connection.close()
+            return False
+
     # --- schedule / release ------------------------------------------------------
 
     def schedule(self, task: Task, due: float) -> None:
         """Hand the task to the retry scheduler, which takes its own reference."""
-        if not self.partitions.may_attempt(task.target_id):
+        if not self.partitions.holds(task.target_id):
             # The lock connection went: another engine may own the row now. Its
             # committed status (retrying, next_attempt_at) is what the next owner
             # reads; an unwritten result is dropped rather than written over it.
-            self.release(task)
+            self.let_stale_go(task)
         elif self.scheduler.schedule(task, due):
             self.inflight.release(task.delivery_id)
         else:  # stopping: the row keeps its status for the next start
             self.release(task)
+
+    def let_stale_go(self, task: Task) -> None:
+        """Release a task claimed under ownership this engine lost. If it has taken
+        the partition again since, its at-start recovery there skipped this task
+        (held here then): the row is read again now, under the current epoch."""
+        self.release(task)
+        if self.partitions.may_claim(task.target_id):
+            self.recover_in(lambda rows: rows.filter(id=task.delivery_id))
 
     def release(self, task: Task) -> None:
         """The engine is done with the task in memory."""

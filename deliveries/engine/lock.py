@@ -7,8 +7,11 @@ engine's lock connection (partitions.py); there the file lock does not apply, an
 several engines may share a host and a DATA_DIR.
 """
 
+import contextlib
 import fcntl
 import os
+import socket
+import threading
 
 from django.db import connections
 
@@ -42,8 +45,15 @@ class EngineLock:
             self._fd = None
 
 
-def open_raw_connection(using="default"):
-    """A psycopg connection of its own (autocommit), outside Django's pool."""
+def open_raw_connection(using="default", *, deadline: float | None = None):
+    """A psycopg connection of its own (autocommit), outside Django's pool.
+
+    `deadline` (seconds) bounds every round trip on it: data the server does not
+    acknowledge within it fails the connection (tcp_user_timeout), and so does a
+    statement running longer on the server. The lock connection has one: a cut-off
+    engine learns its connection is gone within its lease, not after the kernel's
+    fifteen minutes of retransmissions.
+    """
     import psycopg
 
     params = connections[using].get_connection_params()
@@ -55,4 +65,42 @@ def open_raw_connection(using="default"):
     params.setdefault("keepalives_idle", 5)
     params.setdefault("keepalives_interval", 2)
     params.setdefault("keepalives_count", 3)
-    return psycopg.connect(**params, autocommit=True)
+    if deadline is None:
+        return psycopg.connect(**params, autocommit=True)
+    params["tcp_user_timeout"] = int(deadline * 1000)
+    params["connect_timeout"] = max(2, int(deadline * 2))
+    options = params.get("options", "")
+    params["options"] = f"{options} -c statement_timeout={int(deadline * 1000)}".strip()
+    return BoundedConnection(psycopg.connect(**params, autocommit=True), deadline)
+
+
+class BoundedConnection:
+    """A psycopg connection whose every `execute` ends within `deadline` seconds.
+
+    The kernel's timeouts cover a peer that stops acknowledging; not a path that
+    acknowledges and never answers (a proxy, a load balancer, a server process
+    that is itself stopped). Past the deadline a timer shuts the socket down, so
+    the call fails and the caller learns its connection is gone.
+    """
+
+    def __init__(self, conn, deadline: float):
+        self.conn = conn
+        self.deadline = deadline
+
+    def execute(self, *args, **kwargs):
+        timer = threading.Timer(self.deadline, self._abort)
+        timer.daemon = True
+        timer.start()
+        try:
+            return self.conn.execute(*args, **kwargs)
+        finally:
+            timer.cancel()
+
+    def _abort(self) -> None:
+        with contextlib.suppress(Exception):
+            sock = socket.socket(fileno=os.dup(self.conn.pgconn.socket))
+            with sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)

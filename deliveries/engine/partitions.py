@@ -18,13 +18,18 @@ On SQLite there is one engine per data directory (the flock) and one partition i
 always holds: `Partitions()`.
 """
 
+import contextlib
 import logging
 import math
 import random
 import threading
 import time
 
+from django.db import connection
 from django.db.models import F
+from django.db.utils import DatabaseError
+
+from deliveries.engine.lease import Lease, boottime
 
 logger = logging.getLogger("deliveries.engine")
 
@@ -92,19 +97,31 @@ def in_partitions(queryset, partitions, count: int, field: str = "target_id"):
 
 
 class Partitions:
-    """Which partitions this engine may claim in and attempt in.
+    """Which partitions this engine may claim in and attempt in, under which epoch.
 
-    `held`: the partitions whose lock it has; attempts are made only in these.
-    `claimable`: held and not being handed over; new work is claimed only in these.
-    Both are replaced whole (frozensets), so readers on any thread need no lock.
+    `held`: the partitions whose lock it has; attempts are made only in these, and
+    only while the `lease` is valid. `claimable`: held and not being handed over;
+    new work is claimed only in these. `epochs`: each held partition's fencing
+    token, carried by every task claimed there and checked by its result's write
+    (empty on SQLite: one engine, nothing to fence). The sets are replaced whole
+    (frozensets), so readers on any thread need no lock; handover.Handover is the
+    one writer.
     """
 
-    def __init__(self, count: int = 1, *, held=None):
+    def __init__(self, count: int = 1, *, held=None, lease: Lease | None = None):
         self.count = count
+        self.lease = lease or Lease.forever()
         self._lock = threading.Lock()
         initial = frozenset(range(count) if held is None else held)
         self.held = initial
-        self.claimable = initial
+        self._set(initial, {})
+
+    def _set(self, claimable, epochs) -> None:
+        # `claims` pairs the two, replaced in one assignment: a claimant reads
+        # where it may claim and under which epochs at one instant (claims.py).
+        self.claimable = frozenset(claimable)
+        self.epochs = epochs
+        self.claims = (self.claimable, epochs)
 
     def of(self, target_id: int) -> int:
         return target_id % self.count
@@ -112,8 +129,22 @@ class Partitions:
     def may_claim(self, target_id: int) -> bool:
         return target_id % self.count in self.claimable
 
-    def may_attempt(self, target_id: int) -> bool:
+    def claimed_under(self, target_id: int, fence) -> bool:
+        """Claimable now, and under the epoch of `fence` (a task's): not lost and
+        taken again since the task was claimed."""
+        claimable, epochs = self.claims
+        p = target_id % self.count
+        return p in claimable and (fence is None or epochs.get(p) == fence[1])
+
+    def holds(self, target_id: int) -> bool:
         return target_id % self.count in self.held
+
+    def may_attempt(self, target_id: int) -> bool:
+        """Held, and the lease still valid: checked just before every send."""
+        return target_id % self.count in self.held and self.lease.valid()
+
+    def epoch_of(self, target_id: int) -> int | None:
+        return self.epochs.get(target_id % self.count)
 
     def draining(self) -> frozenset:
         return self.held - self.claimable
@@ -122,26 +153,28 @@ class Partitions:
         """`queryset` limited to the claimable partitions (see in_partitions)."""
         return in_partitions(queryset, self.claimable, self.count, field)
 
-    def take(self, partitions) -> None:
+    def take(self, partitions, epochs: dict | None = None) -> None:
         with self._lock:
             self.held = self.held | set(partitions)
-            self.claimable = self.claimable | set(partitions)
+            self._set(self.claimable | set(partitions), {**self.epochs, **(epochs or {})})
 
     def start_drain(self, partitions) -> None:
         with self._lock:
-            self.claimable = self.claimable - set(partitions)
+            self._set(self.claimable - set(partitions), self.epochs)
 
     def let_go(self, partitions) -> None:
         with self._lock:
-            self.claimable = self.claimable - set(partitions)
+            self._set(self.claimable - set(partitions), self.epochs)
             self.held = self.held - set(partitions)
+            self._set(self.claimable, {p: e for p, e in self.epochs.items() if p in self.held})
 
     def drop_all(self) -> frozenset:
         """Nothing is held any more (the lock connection is gone); return what was."""
         with self._lock:
             was = self.held
-            self.claimable = frozenset()
+            self._set((), self.epochs)
             self.held = frozenset()
+            self._set((), {})
             return was
 
     def listing(self) -> list | None:
@@ -150,33 +183,117 @@ class Partitions:
         return sorted(self.held) if self.count > 1 else None
 
 
+# What the lock connection says at every take, in one statement: the partition's
+# next epoch (its row made at the first take), its new holder, and how long the
+# previous holder's lease may still run if it did not hand the partition over
+# cleanly (killed, cut off, evicted): the taker attempts nothing there before.
+TAKE = """
+WITH previous AS (
+    SELECT holder FROM deliveries_partition WHERE number = %(p)s
+), taken AS (
+    INSERT INTO deliveries_partition (number, epoch, holder, changed_at)
+    VALUES (%(p)s, 1, %(me)s, clock_timestamp())
+    ON CONFLICT (number) DO UPDATE
+    SET epoch = deliveries_partition.epoch + 1, holder = EXCLUDED.holder,
+        changed_at = EXCLUDED.changed_at
+    RETURNING epoch
+)
+SELECT taken.epoch, COALESCE((
+    SELECT GREATEST(0, EXTRACT(EPOCH FROM e.lease_until - clock_timestamp()))
+    FROM deliveries_enginestatus e JOIN previous ON e.name = previous.holder
+    WHERE previous.holder <> %(me)s
+), 0)::float FROM taken
+"""
+
+# A clean hand-over: the partition's row says nobody holds it, so the next holder
+# need not wait out this engine's lease. Under the epoch it was taken with: a
+# partition this engine lost meanwhile is left as its new holder wrote it.
+RELEASE = """
+UPDATE deliveries_partition SET holder = '', changed_at = clock_timestamp()
+WHERE number = %s AND epoch = %s
+"""
+
+# Every renewal of the lease: a round trip that proves the session (and so its
+# locks) stands, and the server-clock times other engines read.
+RENEW = """
+UPDATE deliveries_enginestatus SET lease_renewed_at = clock_timestamp(),
+    lease_until = clock_timestamp() + make_interval(secs => %s), lock_pid = pg_backend_pid()
+WHERE name = %s
+"""
+
+LEAVE = """
+UPDATE deliveries_enginestatus SET lease_renewed_at = NULL, lease_until = clock_timestamp()
+WHERE name = %s
+"""
+
+# Engines whose lease was last renewed longer than DELIVERY_EVICT_AFTER ago while
+# their lock session stands (frozen, stuck, cut off on a connection the server has
+# not closed yet): their sessions are ended, which releases their locks.
+EVICT = """
+SELECT e.name, pg_terminate_backend(a.pid) FROM deliveries_enginestatus e
+JOIN pg_stat_activity a ON a.pid = e.lock_pid AND a.application_name LIKE 'webhooker engine %%'
+WHERE e.stopped_at IS NULL AND e.name <> %s
+AND e.lease_renewed_at < clock_timestamp() - make_interval(secs => %s)
+AND a.pid <> pg_backend_pid()
+"""
+
+# Engines counted for the fair share: members holding their member lock, and
+# engines whose lease was renewed lately (reconnecting after a blip: their share
+# is kept for them, so the first one back does not take everything).
+LIVE = """
+SELECT count(*) FROM deliveries_enginestatus
+WHERE stopped_at IS NULL AND lease_renewed_at >= clock_timestamp() - make_interval(secs => %s)
+"""
+
+# The NOTIFY channel on which a leaving engine says: partitions are free, take now.
+HANDOVER_CHANNEL = "webhooker_partitions"
+
+
 class PartitionManager:
     """Keeps the engine's partitions true to its locks; `step()` is its loop's body.
 
-    Every TICK: check the lock connection (lost: drop everything at once, reconnect
-    with backoff), let go of drained partitions; every `interval`: rebalance (take
-    free partitions up to the fair share, start draining the excess).
+    Every TICK: renew the lease with a round trip on the lock connection (failing:
+    drop everything at once, reconnect with backoff), evict engines whose lease went
+    stale, let go of drained partitions, take free ones up to the fair share; every
+    `interval`: hand the excess over. Between ticks it waits on the lock connection
+    for a hand-over NOTIFY, so a partition another engine let go is taken at once.
     """
 
-    # Seconds between two looks at the lock connection: how soon a lost connection
-    # stops every attempt, and how soon a drained partition is handed over.
+    # Seconds between two renewals; the lease is several of these.
     TICK = 0.5
     # Reconnecting after a lost lock connection: first wait, doubling up to the cap.
     BACKOFF_FIRST = 0.5
-    BACKOFF_CAP = 30.0
+    BACKOFF_CAP = 10.0
     KEEPALIVES = (
         ("tcp_keepalives_idle", 5),
         ("tcp_keepalives_interval", 2),
         ("tcp_keepalives_count", 3),
     )
 
-    def __init__(self, engine, *, interval: float, connect, clock=time.monotonic):
-        self.engine = engine
+    def __init__(
+        self,
+        handover,
+        *,
+        name: str,
+        interval: float,
+        connect,
+        evict_after: float,
+        healthy=lambda: True,
+        clock=boottime,
+    ):
+        # handover.Handover: what taking and letting go does to the engine's work.
+        self.handover = handover
+        self.partitions = handover.partitions
+        self.lease = self.partitions.lease
+        self.name = name
         # pg_stat_activity shows the lock connection as this: an operator (or a
-        # test) can tell which engine holds which partitions.
-        self.application_name = f"webhooker engine {engine.config.name}"[:63]
-        self.partitions = engine.partitions
+        # test, or another engine evicting this one) can tell which engine it is.
+        self.application_name = f"webhooker engine {name}"[:63]
         self.interval = interval
+        self.evict_after = evict_after
+        # Whether the engine's own loops are moving (runner.Watchdog): a stuck
+        # engine stops renewing, so its lease runs out and the others evict it.
+        self.healthy = healthy
         # Returns a new autocommit psycopg connection (lock.open_raw_connection).
         self._connect = connect
         self.clock = clock
@@ -188,7 +305,8 @@ class PartitionManager:
         self._retry_at = 0.0
         self._rebalance_at = 0.0
         self._lost_at = None  # when the lock connection was lost; None while it stands
-        self._unrecovered: set[int] = set()  # locked, their recovery not yet run
+        # Locked, epoch taken, not yet in use: {partition: (epoch, usable from)}.
+        self._taken: dict[int, tuple[int, float]] = {}
         # Called after the partitions held changed (the runner writes the heartbeat,
         # so the dashboard and the healthcheck see it now, not a beat later).
         self.on_change = None
@@ -204,13 +322,17 @@ class PartitionManager:
         conn = self._connect()
         try:
             # The server's keepalives: a vanished engine host's locks are released
-            # within about 5 + 2 * 3 s, not the kernel's two hours.
+            # within about 5 + 2 * 3 s, not the kernel's two hours. Leases are far
+            # shorter, so the host stops attempting well before that.
             for name, value in self.KEEPALIVES:
                 conn.execute(f"SET {name} = {int(value)}")
+            # Renewals are heartbeats, not data: no fsync to wait for.
+            conn.execute("SET synchronous_commit = off")
             conn.execute(
                 "SELECT set_config('application_name', %s, false)", (self.application_name,)
             )
             check_session(conn, self.member)
+            conn.execute(f"LISTEN {HANDOVER_CHANNEL}")
         except BaseException:
             conn.close()
             raise
@@ -219,18 +341,33 @@ class PartitionManager:
         self._backoff = self.BACKOFF_FIRST
         self._rebalance_at = 0.0
         self._lost_at = None
+        self._connected_at = self.clock()
 
-    def alive(self) -> bool:
+    def renew(self) -> bool:
+        """One round trip on the lock connection; the lease runs from its start."""
         if self.conn is None:
             return False
+        started = self.clock()
         try:
-            self.conn.execute("SELECT 1")
+            self.conn.execute(RENEW, (self.lease.seconds or 0, self.name))
         except Exception:
             return False
+        self.lease.confirm(started)
         return True
+
+    def wait(self, timeout: float, stop_event) -> None:
+        """Until `timeout`, a hand-over NOTIFY, or the lock connection failing."""
+        if self.conn is None:
+            stop_event.wait(timeout)
+            return
+        # A failure here is the connection's: the next step's renewal says so.
+        with contextlib.suppress(Exception):
+            for _ in self.conn.notifies(timeout=timeout, stop_after=1):
+                pass
 
     def close(self) -> None:
         """Close the lock connection: the server releases every lock on it."""
+        self.lease.end()
         if self.conn is not None:
             try:
                 self.conn.close()
@@ -238,6 +375,26 @@ class PartitionManager:
                 self.conn = None
 
     # --- the loop -------------------------------------------------------------------
+
+    def run(self, stop_event) -> None:
+        """The partitions thread: a step every TICK, sooner on a hand-over NOTIFY."""
+        while not stop_event.is_set():
+            # This thread's own Django connection (a take's recovery reads through
+            # it): one that broke is replaced here, before it fails a step.
+            connection.close_if_unusable_or_obsolete()
+            try:
+                self.step()
+            except SessionUnsupported:
+                raise
+            except DatabaseError:
+                # Django's connection, not the lock connection: the locks stand, and
+                # what failed (a take's recovery) is tried again next step.
+                logger.warning("partitions step: database error; retrying", exc_info=True)
+                connection.close()
+            except Exception:
+                logger.exception("partitions step failed; reconnecting")
+                self.lost()
+            self.wait(self.TICK, stop_event)
 
     def step(self) -> None:
         before = self.partitions.held
@@ -252,6 +409,14 @@ class PartitionManager:
 
     def _step(self) -> None:
         now = self.clock()
+        if not self.healthy():
+            # Stuck: stop attempting and let every partition go at once, member lock
+            # included, so the others take them now rather than after an eviction;
+            # connect and take nothing until the loops move again.
+            if self.conn is not None:
+                logger.error("the engine's loops are stuck: letting every partition go")
+                self.lost()
+            return
         if self.conn is None:
             if now < self._retry_at:
                 return
@@ -273,74 +438,118 @@ class PartitionManager:
                 )
             else:
                 logger.info("lock connection open (backend pid %s)", self.backend_pid)
-        if not self.alive():
+        if not self.renew():
             self.lost()
             return
         self.hand_over_drained()
+        self.evict()
         if now >= self._rebalance_at:
             self._rebalance_at = now + self.interval
-            self.rebalance()
-        self.recover_taken()
+            self.rebalance(hand_over=True)
+        else:
+            self.rebalance(hand_over=False)
+        self.use_taken()
 
-    def recover_taken(self) -> None:
-        """Run the take (at-start recovery) of partitions locked but not yet
-        recovered; a database error leaves them for the next step."""
-        if self._unrecovered:
-            taken = sorted(self._unrecovered)
-            self.engine.take_partitions(taken)
-            self._unrecovered.difference_update(taken)
+    def use_taken(self) -> None:
+        """Put the partitions locked earlier to use once any previous holder's lease
+        has run out: claimable, their at-start recovery run. A database error leaves
+        them for the next step."""
+        now = self.clock()
+        ready = {p: epoch for p, (epoch, at) in self._taken.items() if at <= now}
+        if ready:
+            self.handover.take(ready)
+            for p in ready:
+                del self._taken[p]
 
     def lost(self) -> None:
         """The lock connection is gone, and every lock with it: another engine may
         hold any of these partitions now."""
-        dropped = self.engine.drop_partitions()
+        self.lease.end()  # first: no attempt from here on
+        dropped = self.handover.drop_all()
         logger.error(
             "lock connection lost: stopped attempting in %d partitions; reconnecting",
             len(dropped),
         )
-        self.close()
-        self._unrecovered.clear()
+        with contextlib.suppress(Exception):
+            self.close()
+        self.conn = None
+        self._taken.clear()
         self._lost_at = self.clock()
         self._retry_at = self._lost_at + self._backoff
         self._backoff = min(self._backoff * 2, self.BACKOFF_CAP)
 
-    def rebalance(self) -> None:
-        holders, members = self.locks()
-        take, hand_over = plan(self.partitions.count, set(self.partitions.claimable), members)
-        if hand_over:
-            logger.info("handing over partitions %s", hand_over)
-            self.engine.start_drain(hand_over)
+    def evict(self) -> list:
+        """End the lock sessions of engines whose lease is stale; return their names."""
+        rows = self.conn.execute(EVICT, (self.name, self.evict_after)).fetchall()
+        evicted = [name for name, ok in rows if ok]
+        for name in evicted:
+            logger.warning(
+                "evicted engine %s: its lease was not renewed for %.0fs", name, self.evict_after
+            )
+        return evicted
+
+    def rebalance(self, *, hand_over: bool) -> None:
+        holders, live = self.locks()
+        mine = set(self.partitions.claimable) | set(self._taken)
+        take, excess = plan(self.partitions.count, mine, live)
+        if excess and hand_over:
+            logger.info("handing over partitions %s", excess)
+            self.handover.start_drain(excess)
             self.hand_over_drained()
         if take:
             free = [p for p in range(self.partitions.count) if p not in holders]
             random.shuffle(free)  # engines starting together try different ones first
             taken = []
-            try:
-                for p in free:
-                    if len(taken) >= take:
-                        break
-                    if self._try_lock(p):
-                        taken.append(p)
-            finally:
-                # Locked is owned, even if the loop broke off: recovered next.
-                self._unrecovered.update(taken)
+            for p in free:
+                if len(taken) >= take:
+                    break
+                if self._try_lock(p):
+                    taken.append(p)
+                    epoch, wait = self.conn.execute(TAKE, {"p": p, "me": self.name}).fetchone()
+                    # Locked is owned: used once the previous holder's lease is over.
+                    self._taken[p] = (epoch, self.clock() + wait)
             if taken:
                 logger.info("took partitions %s", sorted(taken))
 
     def hand_over_drained(self) -> list:
-        """Unlock every draining partition the engine holds nothing of any more."""
+        """Unlock every draining partition the engine holds nothing of any more, and
+        tell the others to take them now."""
         done = []
         draining = self.partitions.draining()
-        for p in self.engine.drain_partitions(draining) if draining else ():
-            self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
-            self.partitions.let_go([p])
+        for p in self.handover.drained(draining) if draining else ():
+            self.release(p)
             done.append(p)
         if done:
+            self.conn.execute(f"NOTIFY {HANDOVER_CHANNEL}")
             logger.info("handed over partitions %s", done)
         return done
 
+    def release(self, p: int) -> None:
+        epoch = self.partitions.epochs.get(p)
+        if epoch is not None:
+            self.conn.execute(RELEASE, (p, epoch))
+        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
+        self.handover.let_go([p])
+
+    def leave(self, timeout: float) -> None:
+        """A graceful stop: hand every partition over as soon as it is drained (the
+        workers are finishing their attempts meanwhile), then close."""
+        if self.conn is None:
+            return
+        self.handover.start_drain(self.partitions.held)
+        deadline = self.clock() + timeout
+        try:
+            while self.partitions.held and self.clock() < deadline:
+                self.hand_over_drained()
+                if self.partitions.held:
+                    time.sleep(0.05)
+            # No longer counted among the engines sharing the partitions.
+            self.conn.execute(LEAVE, (self.name,))
+        except Exception:
+            logger.warning("handing over on leaving failed", exc_info=True)
+
     def locks(self) -> tuple[dict, int]:
-        """{partition: holder backend pid} and how many engines are members."""
+        """{partition: holder backend pid} and how many engines count as live."""
         rows = self.conn.execute(
             "SELECT classid, objid, pid FROM pg_locks WHERE locktype = 'advisory' "
             "AND objsubid = 2 AND granted AND classid IN (%s, %s) AND database = "
@@ -349,6 +558,12 @@ class PartitionManager:
         ).fetchall()
         holders = {objid: pid for classid, objid, pid in rows if classid == LOCK_NAMESPACE}
         members = sum(1 for classid, _, _ in rows if classid == MEMBER_NAMESPACE)
+        if self.clock() - self._connected_at < self.evict_after:
+            # Just (re)connected, maybe the first back after a database blip: the
+            # engines that held a lease a moment ago are reconnecting too, so their
+            # shares are left to them. Once connected longer, an engine that holds
+            # no member lock is gone (killed), and its partitions are taken at once.
+            members = max(members, self.conn.execute(LIVE, (self.evict_after,)).fetchone()[0])
         return holders, max(1, members)
 
     def _try_lock(self, p: int) -> bool:

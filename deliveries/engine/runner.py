@@ -6,14 +6,19 @@
 | intake       | IntakeLoop: woken or polling  | the engine stops                    |
 | recovery     | Every(recovery_interval)      | the engine stops                    |
 | heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops                    |
-| partitions   | Every(PartitionManager.TICK)  | the engine stops (PostgreSQL only)  |
+| partitions   | PartitionManager.run          | the engine stops (PostgreSQL only)  |
 | alerts       | Every(ALERTS)                 | the engine stops                    |
 | housekeeping | Every(daily, first after 60 s)| the engine stops                    |
 | scheduler    | RetryScheduler.run            | scheduler.stop() in shutdown        |
 | writer       | ResultWriter.run              | its stop event, once nothing is left|
 
 `Runner.shutdown` stops them in the order invariant 8 needs: claimants first,
-then the running attempts, then the writer with their results.
+then the running attempts, then the writer with their results; on PostgreSQL each
+partition is handed over as soon as nothing of it is running.
+
+`Watchdog` tells the partitions thread whether the engine is moving: a deadlock, a
+hang in every worker or a swap storm must not keep partitions locked that nothing
+delivers in.
 """
 
 import logging
@@ -61,24 +66,47 @@ class Every:
             guarded(self.step, self.name, self.stop_event)
 
 
+class Watchdog:
+    """Whether the engine's loops are moving: the intake loop and the writer stamp
+    every turn, and every worker is not stuck in one attempt past `attempt_bound`."""
+
+    def __init__(self, *, stall_after: float, attempt_bound: float, workers, clock=time.monotonic):
+        self.stall_after = stall_after
+        self.attempt_bound = attempt_bound
+        self.workers = workers
+        self.clock = clock
+        self._stamps: dict[str, float] = {}
+
+    def stamp(self, name: str) -> None:
+        self._stamps[name] = self.clock()
+
+    def healthy(self) -> bool:
+        now = self.clock()
+        if any(now - at > self.stall_after for at in self._stamps.values()):
+            return False
+        return not self.workers.all_stuck(now - self.attempt_bound)
+
+
 class IntakeLoop:
     """Intake passes back to back while they find work, then wait for a hint or
     the poll interval."""
 
     name = "intake"
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, stamp=lambda name: None):
         self.engine = engine
+        self.stamp = stamp
 
     def run(self) -> None:
         engine = self.engine
         stop = engine.stop_event
         while not stop.is_set():
+            self.stamp(self.name)
             connection.close_if_unusable_or_obsolete()
             while (guarded(engine.intake_once, "intake", stop) or engine.intake.more) and (
                 not stop.is_set()
             ):
-                pass
+                self.stamp(self.name)
             engine.wake_event.wait(engine.config.poll_interval)
             engine.wake_event.clear()
 
@@ -93,10 +121,18 @@ class Workers:
         self.engine = engine
         self._busy = 0
         self._lock = threading.Lock()
+        # worker thread id -> when its current task began
+        self._since: dict[int, float] = {}
 
     def busy(self) -> int:
         with self._lock:
             return self._busy
+
+    def all_stuck(self, began_before: float) -> bool:
+        """Every worker busy with a task it began before `began_before`."""
+        with self._lock:
+            since = list(self._since.values())
+        return len(since) >= self.engine.config.workers and all(t < began_before for t in since)
 
     def run(self) -> None:
         engine = self.engine
@@ -105,13 +141,16 @@ class Workers:
             if task is None:
                 continue
             connection.close_if_unusable_or_obsolete()
+            me = threading.get_ident()
             with self._lock:
                 self._busy += 1
+                self._since[me] = time.monotonic()
             try:
                 engine.process(task)
             finally:
                 with self._lock:
                     self._busy -= 1
+                    del self._since[me]
 
 
 class Runner:
@@ -120,6 +159,9 @@ class Runner:
     DRAIN_TIMEOUT = 310.0
     # Seconds between two looks for alerts to raise and send.
     ALERTS = 1.0
+    # The intake loop or the writer not turning for this long means the engine is
+    # stuck (partitions.PartitionManager then lets its partitions go).
+    STALL_AFTER = 30.0
     # Retention runs a minute after start, then daily.
     PRUNE_FIRST = 60.0
     PRUNE_INTERVAL = 24 * 3600.0
@@ -132,9 +174,12 @@ class Runner:
         # (its locks released) last, once every result is written.
         self.manager = manager
         self.workers = Workers(engine)
+        self.watchdog = Watchdog(
+            stall_after=self.STALL_AFTER, attempt_bound=self.DRAIN_TIMEOUT, workers=self.workers
+        )
         self.writer_stop = threading.Event()
         stop = engine.stop_event
-        self.intake = IntakeLoop(engine)
+        self.intake = IntakeLoop(engine, stamp=self.watchdog.stamp)
         self.recovery = Every(
             "recovery",
             engine.recover_once,
@@ -152,12 +197,9 @@ class Runner:
             interval=self.PRUNE_INTERVAL,
             first=self.PRUNE_FIRST,
         )
-        self.partitions = None
         if manager is not None:
             manager.on_change = self.beat
-            self.partitions = Every(
-                "partitions", manager.step, stop_event=stop, interval=manager.TICK, first=0
-            )
+            manager.healthy = self.watchdog.healthy
         self._threads: dict[str, list[threading.Thread]] = {}
 
     def run(self, *, once: bool = False) -> int:
@@ -170,17 +212,19 @@ class Runner:
             self.manager.step()  # the first partitions, and their recovery, now
         self._spawn("scheduler", engine.scheduler.run)
         engine.writer.running = True  # before any worker can finish an attempt
-        self._spawn("writer", lambda: engine.writer.run(self.writer_stop))
+        self._spawn(
+            "writer", lambda: engine.writer.run(self.writer_stop, stamp=self.watchdog.stamp)
+        )
         for n in range(engine.config.workers):
             self._spawn("workers", self.workers.run, name=f"worker-{n}")
         if once:  # no claimant but the caller's thread (_run_until_idle)
             loops = [self.heartbeat]
         else:
             loops = [self.intake, self.recovery, self.heartbeat, self.alerts, self.housekeeping]
-        if self.partitions is not None:
-            loops.append(self.partitions)
         for loop in loops:
             self._spawn(loop.name, loop.run)
+        if self.manager is not None:
+            self._spawn("partitions", lambda: self.manager.run(engine.stop_event))
         if self.listener is not None:
             self.listener.start()
         try:
@@ -208,6 +252,11 @@ class Runner:
             self._join(name, timeout)
         for task in engine.scheduler.stop():
             engine.release(task)  # stays `retrying` with its next_attempt_at
+        if self.manager is not None:
+            # Each partition to the others as soon as its attempts' results are
+            # written (the workers and the writer go on meanwhile), not all at the
+            # end: a rolling restart leaves no partition unheld for long.
+            self.manager.leave(timeout)
         self._join("workers", timeout)
         # Every running attempt has handed its result over: write them all.
         self.writer_stop.set()

@@ -46,3 +46,7 @@ class Task:
     deferred: bool = False
     # Holds a slot of the target's rate limit: attempted when it comes due.
     slotted: bool = False
+    # (partition, epoch) when it was claimed: its result is written only while that
+    # epoch is the partition's current one (writer.py). None: nothing to fence
+    # (SQLite's one engine, or an engine driven without a partition manager).
+    fence: tuple[int, int] | None = None

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Exists, Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
 from deliveries.engine.attempts import AttemptResult
-from deliveries.models import Delivery, DeliveryResult
+from deliveries.models import Delivery, DeliveryResult, Partition
 
 logger = logging.getLogger("deliveries.engine")
 
@@ -41,6 +41,10 @@ class Written(enum.Enum):
     # The database failed: the result is kept and written later, and the
     # attempt itself is never sent again meanwhile.
     FAILED = "failed"
+    # Fenced off: the delivery's partition was taken by another engine since the
+    # task was claimed (its epoch is no longer current). Nothing was written; the
+    # new owner's view of the delivery stands.
+    STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class NotBefore:
 
     target_id: int
     at: datetime.datetime
+    # (partition, epoch) when the breaker opened, as Task.fence.
+    fence: tuple[int, int] | None = None
 
 
 class ResultWriter:
@@ -82,11 +88,13 @@ class ResultWriter:
     def pending(self) -> int:
         return self._queue.qsize()
 
-    def run(self, stop_event) -> None:
-        """Write until `stop_event` is set and nothing is left to write."""
+    def run(self, stop_event, stamp=lambda name: None) -> None:
+        """Write until `stop_event` is set and nothing is left to write; `stamp` is
+        told of every turn (runner.Watchdog)."""
         self.running = True
         try:
             while True:
+                stamp("writer")
                 try:
                     first = self._queue.get(timeout=0.2)
                 except queue.Empty:
@@ -108,6 +116,15 @@ class ResultWriter:
         finally:
             self.running = False
 
+    def _tell(self, result: AttemptResult, written: Written) -> None:
+        """`on_written`, which must not end the writer's thread: a failure after the
+        commit (the target's control state, its alert) costs that step, logged."""
+        try:
+            self.on_written(result, written)
+        except Exception:
+            logger.exception("delivery %s: after its result was written", result.task.delivery_id)
+            connection.close()
+
     def write(self, batch: list[AttemptResult | NotBefore]) -> None:
         """Commit a batch, then tell `on_written` what became of each result."""
         results = [item for item in batch if isinstance(item, AttemptResult)]
@@ -115,24 +132,42 @@ class ResultWriter:
         try:
             if dates:
                 with transaction.atomic():
-                    existing = write_results(results)
+                    existing, written = write_results(results)
                     for item in dates:
-                        Delivery.objects.unfinished().filter(target_id=item.target_id).filter(
+                        rows = Delivery.objects.unfinished().filter(target_id=item.target_id)
+                        if item.fence is not None:
+                            number, epoch = item.fence
+                            rows = rows.filter(
+                                Exists(Partition.objects.filter(number=number, epoch=epoch))
+                            )
+                        rows.filter(
                             Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lt=item.at)
                         ).update(next_attempt_at=item.at)
             else:
                 # Atomic by itself: on PostgreSQL one statement, no BEGIN or
                 # COMMIT round trips around it.
-                existing = write_results(results)
+                existing, written = write_results(results)
         except DatabaseError:
             logger.warning("writing %d results failed; will retry", len(batch), exc_info=True)
             connection.close()
             for result in results:
-                self.on_written(result, Written.FAILED)
+                self._tell(result, Written.FAILED)
             return
         for result in results:
-            gone = result.task.delivery_id not in existing
-            self.on_written(result, Written.GONE if gone else Written.COMMITTED)
+            delivery_id = result.task.delivery_id
+            if delivery_id in written:
+                self._tell(result, Written.COMMITTED)
+            elif delivery_id in existing:
+                logger.warning(
+                    "delivery %s: result of attempt %s dropped: its partition changed hands "
+                    "since it was claimed ((partition, epoch) %s is stale)",
+                    delivery_id,
+                    result.number,
+                    result.task.fence,
+                )
+                self._tell(result, Written.STALE)
+            else:
+                self._tell(result, Written.GONE)
 
 
 # The columns of a delivery's status written for each attempt. Only these:
@@ -140,13 +175,15 @@ class ResultWriter:
 STATUS_COLUMNS = ("status", "attempts", "next_attempt_at", "updated_at", "id")
 
 
-def write_results(batch: list[AttemptResult]) -> set[int]:
+def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
     """Write the statuses and the attempt results of a batch atomically; return the
-    ids of the deliveries that still existed (a deleted one gets no result).
+    ids of the deliveries that still existed (a deleted one gets no result) and of
+    those written (existing, and not fenced off: see below).
 
-    PostgreSQL: one prepared statement (_postgresql_statement). SQLite, whose
-    statements cost no round trip: an existence SELECT, an UPDATE per delivery and
-    bulk_create, in one transaction.
+    PostgreSQL: one prepared statement (_postgresql_statement), which writes a
+    result only while its task's epoch is its partition's current one. SQLite, whose
+    statements cost no round trip and which has one engine (nothing to fence): an
+    existence SELECT, an UPDATE per delivery and bulk_create, in one transaction.
     """
     now = timezone.now()
     statuses = [
@@ -179,24 +216,39 @@ def write_results(batch: list[AttemptResult]) -> set[int]:
         if (outcome := result.outcome) is not None
     ]
     if not statuses:
-        return set()
+        return set(), set()
     if connection.vendor == "postgresql":
+        fences = [result.task.fence for result in batch]
+        ids = [row[-1] for row in statuses]
         with connection.prepared_cursor() as cursor:
             cursor.execute(
                 _postgresql_statement(),
                 [
-                    _json([dict(zip(STATUS_COLUMNS, row, strict=True)) for row in statuses]),
-                    [row[-1] for row in statuses],
+                    sorted({fence[0] for fence in fences if fence is not None}),
+                    _json(
+                        [
+                            {**dict(zip(STATUS_COLUMNS, row, strict=True)), **_fence_columns(fence)}
+                            for row, fence in zip(statuses, fences, strict=True)
+                        ]
+                    ),
+                    ids,
                     _json(results),
+                    ids,
                 ],
             )
-            return {row[0] for row in cursor.fetchall()}
+            rows = cursor.fetchall()
+        return {id_ for id_, _ in rows}, {id_ for id_, written in rows if written}
     with transaction.atomic():
         existing = _update_statuses(statuses)
         DeliveryResult.objects.bulk_create(
             DeliveryResult(**row) for row in results if row["delivery_id"] in existing
         )
-    return existing
+    return existing, existing
+
+
+def _fence_columns(fence) -> dict:
+    partition, epoch = fence or (None, None)
+    return {"fence_partition": partition, "fence_epoch": epoch}
 
 
 @functools.cache
@@ -222,19 +274,32 @@ def _postgresql_statement() -> str:
         return ", ".join(prefix + quote(f.attname if prefix else f.column) for f in fields)
 
     into = DeliveryResult._meta.get_field("delivery").attname
+    deliveries = quote(Delivery._meta.db_table)
+    fence = "fence_partition integer, fence_epoch bigint"
     return (
-        f"WITH s AS (UPDATE {quote(Delivery._meta.db_table)} AS d SET "
+        # The fence: the partitions' current epochs, each row held FOR SHARE until
+        # this statement commits. A take (partitions.TAKE) updates the row, so it
+        # waits for this write, and the new owner's recovery, which reads after its
+        # take, sees the write; a write behind a take reads the new epoch (READ
+        # COMMITTED re-reads a locked row's latest version) and changes nothing.
+        f"WITH f AS (SELECT number, epoch FROM {quote(Partition._meta.db_table)} "
+        "WHERE number = ANY(%s::integer[]) FOR SHARE), "
+        f"s AS (UPDATE {deliveries} AS d SET "
         + ", ".join(f"{quote(f.column)} = v.{quote(f.attname)}" for f in statuses[:-1])
-        + f" FROM jsonb_to_recordset(%s::jsonb) AS v({record(statuses)})"
+        + f" FROM jsonb_to_recordset(%s::jsonb) AS v({record(statuses)}, {fence})"
         # Also by an array of the ids: the planner cannot see how many rows the
         # JSON holds (it assumes 100), and with a small table it scanned all of it
         # for a hash join; `= ANY` of an array goes through the primary key.
-        + " WHERE d.id = ANY(%s::bigint[]) AND d.id = v.id RETURNING d.id), "
+        + " WHERE d.id = ANY(%s::bigint[]) AND d.id = v.id AND (v.fence_epoch IS NULL OR "
+        + "EXISTS (SELECT 1 FROM f WHERE f.number = v.fence_partition "
+        + "AND f.epoch = v.fence_epoch)) RETURNING d.id), "
         + f"r AS (INSERT INTO {quote(DeliveryResult._meta.db_table)} ({columns(results)}) "
         + f"SELECT {columns(results, 'v.')} "
         + f"FROM jsonb_to_recordset(%s::jsonb) AS v({record(results)}) "
         + f"WHERE v.{quote(into)} IN (SELECT id FROM s)) "
-        + "SELECT id FROM s"
+        # Which deliveries exist, and which of them were written.
+        + f"SELECT d.id, d.id IN (SELECT id FROM s) FROM {deliveries} AS d "
+        + "WHERE d.id = ANY(%s::bigint[])"
     )
 
 

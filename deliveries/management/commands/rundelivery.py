@@ -11,6 +11,8 @@ from django.db import connection
 
 from deliveries.engine.config import EngineConfig
 from deliveries.engine.core import Engine
+from deliveries.engine.handover import Handover
+from deliveries.engine.lease import Lease
 from deliveries.engine.lock import EngineLock, EngineLocked, open_raw_connection
 from deliveries.engine.partitions import (
     PartitionManager,
@@ -97,11 +99,14 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         with connection.cursor() as cursor:
             warn_without_autovacuum(cursor)
-        engine = Engine(config, partitions=Partitions(count, held=()))
+        lease = Lease(settings.DELIVERY_LEASE_SECONDS)
+        engine = Engine(config, partitions=Partitions(count, held=(), lease=lease))
         manager = PartitionManager(
-            engine,
+            Handover(engine),
+            name=config.name,
             interval=settings.DELIVERY_REBALANCE_INTERVAL,
-            connect=lambda: open_raw_connection("default"),
+            evict_after=settings.DELIVERY_EVICT_AFTER,
+            connect=lambda: open_raw_connection("default", deadline=lease.seconds),
         )
         try:
             manager.connect()

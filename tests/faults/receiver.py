@@ -1,0 +1,76 @@
+"""The recording receiver: every request it answers, in a log of its own.
+
+Each target of the fault suite posts to a path of its own. A delivery is told apart
+by its `webhook-id` (the same on every attempt of it). Paths under /fail/ answer
+500 to a delivery's first attempt and 200 after: retries, the scheduler and the
+breaker stay busy through the faults.
+"""
+
+import http.server
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Receipt:
+    path: str
+    message_id: str
+    seq: int | None
+    status: int
+    at: float
+
+
+class Receiver:
+    def __init__(self, delay: float = 0.02):
+        self.receipts: list[Receipt] = []
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], int] = {}
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                message_id = self.headers.get("webhook-id", "")
+                try:
+                    seq = json.loads(body).get("seq")
+                except (ValueError, AttributeError):
+                    seq = None
+                time.sleep(delay)
+                with receiver._lock:
+                    key = (self.path, message_id)
+                    count = receiver._seen.get(key, 0) + 1
+                    receiver._seen[key] = count
+                    status = 500 if self.path.startswith("/fail/") and count == 1 else 200
+                    receiver.receipts.append(
+                        Receipt(self.path, message_id, seq, status, time.time())
+                    )
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.request_queue_size = 256
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def snapshot(self) -> list[Receipt]:
+        with self._lock:
+            return list(self.receipts)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
