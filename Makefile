@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # test and benchmark tools come with `make test` and `make bench`.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-admin clean
+.PHONY: run test lint bench bench-admin chaos clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,16 @@ bench: $(INSTALLED)-bench
 # (ADMIN_BENCH_SCALE=0.1 for a tenth; BENCH_DATABASES=sqlite for SQLite alone).
 bench-admin: $(INSTALLED)-bench
 	$(PY) bench/admin_scale.py
+
+# The fault suite at length on PostgreSQL (tests/faults/suite.py): about 1 000 faults
+# into real gunicorn and engine processes in under an hour; writes docs/faults.md.
+# `make test` runs a short one (30 faults). CHAOS_FAULTS, CHAOS_INTERVAL, CHAOS_SEED.
+chaos: $(INSTALLED)-test
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+	DATA_DIR=$(CURDIR)/.pytest-data-pg CHAOS_FAULTS=$${CHAOS_FAULTS:-1000} \
+	CHAOS_INTERVAL=$${CHAOS_INTERVAL:-3.2} CHAOS_TIMEOUT=5400 \
+	CHAOS_REPORT=$(CURDIR)/docs/faults.md \
+	$(PY) -m pytest -s -p no:cacheprovider tests/test_faults.py -k lose_nothing
 
 clean:
 	rm -rf $(VENV) .pytest-data

@@ -200,8 +200,7 @@ def test_a_partition_lost_uncleanly_is_used_only_once_the_holders_lease_is_over(
         with connection.cursor() as cursor:  # what a middlebox's reset does
             cursor.execute("SELECT pg_terminate_backend(%s)", [first.backend_pid])
         second.step()
-        # first counts as live for a while (it may be reconnecting): half for now
-        assert len(second._taken) == 4 and second.partitions.held == set()
+        assert len(second._taken) == 8 and second.partitions.held == set()
         wait = min(at for _, at in second._taken.values()) - second.clock()
         assert 0.5 < wait <= 2.0  # what is left of first's lease
         first.step()  # the loss noticed

@@ -368,7 +368,7 @@ DELIVERY_REBALANCE_INTERVAL = _number("DELIVERY_REBALANCE_INTERVAL", 5.0, cast=f
 DELIVERY_LEASE_SECONDS = _number("DELIVERY_LEASE_SECONDS", 2.0, cast=float, minimum=0.5)
 # Seconds without a lease renewal after which the other engines end an engine's lock
 # session (frozen, stuck, cut off) and take its partitions.
-DELIVERY_EVICT_AFTER = _number("DELIVERY_EVICT_AFTER", 10.0, cast=float, minimum=1.0)
+DELIVERY_EVICT_AFTER = _number("DELIVERY_EVICT_AFTER", 6.0, cast=float, minimum=1.0)
 if DELIVERY_LEASE_SECONDS > 5.0:
     raise ImproperlyConfigured(
         f"DELIVERY_LEASE_SECONDS={DELIVERY_LEASE_SECONDS} must be at most 5: PostgreSQL "

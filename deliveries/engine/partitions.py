@@ -219,6 +219,7 @@ RENEW = """
 UPDATE deliveries_enginestatus SET lease_renewed_at = clock_timestamp(),
     lease_until = clock_timestamp() + make_interval(secs => %s), lock_pid = pg_backend_pid()
 WHERE name = %s
+RETURNING lease_renewed_at
 """
 
 LEAVE = """
@@ -237,12 +238,12 @@ AND e.lease_renewed_at < clock_timestamp() - make_interval(secs => %s)
 AND a.pid <> pg_backend_pid()
 """
 
-# Engines counted for the fair share: members holding their member lock, and
-# engines whose lease was renewed lately (reconnecting after a blip: their share
-# is kept for them, so the first one back does not take everything).
-LIVE = """
+# Engines that were renewing their leases when this one lost its lock connection
+# (a database restart ends every engine's): counted for the fair share for a while
+# after it reconnects, so the first one back takes only its share.
+REJOINING = """
 SELECT count(*) FROM deliveries_enginestatus
-WHERE stopped_at IS NULL AND lease_renewed_at >= clock_timestamp() - make_interval(secs => %s)
+WHERE stopped_at IS NULL AND lease_renewed_at >= %s - make_interval(secs => %s)
 """
 
 # The NOTIFY channel on which a leaving engine says: partitions are free, take now.
@@ -261,9 +262,14 @@ class PartitionManager:
 
     # Seconds between two renewals; the lease is several of these.
     TICK = 0.5
-    # Reconnecting after a lost lock connection: first wait, doubling up to the cap.
+    # Reconnecting after a lost lock connection: first wait, doubling up to the cap
+    # (short: after a database restart the engines reconnect within about the cap
+    # of each other, inside REJOIN_WINDOW).
     BACKOFF_FIRST = 0.5
-    BACKOFF_CAP = 10.0
+    BACKOFF_CAP = 2.0
+    # Seconds after reconnecting during which the engines renewing when this one
+    # lost its connection count as live (REJOINING).
+    REJOIN_WINDOW = 5.0
     KEEPALIVES = (
         ("tcp_keepalives_idle", 5),
         ("tcp_keepalives_interval", 2),
@@ -305,6 +311,11 @@ class PartitionManager:
         self._retry_at = 0.0
         self._rebalance_at = 0.0
         self._lost_at = None  # when the lock connection was lost; None while it stands
+        # When the lock connection last opened, the server time of the last renewal,
+        # and of the last renewal before the connection was lost (see locks()).
+        self._connected_at = -math.inf
+        self._renewed_at = None
+        self._lost_renewal = None
         # Locked, epoch taken, not yet in use: {partition: (epoch, usable from)}.
         self._taken: dict[int, tuple[int, float]] = {}
         # Called after the partitions held changed (the runner writes the heartbeat,
@@ -349,10 +360,12 @@ class PartitionManager:
             return False
         started = self.clock()
         try:
-            self.conn.execute(RENEW, (self.lease.seconds or 0, self.name))
+            row = self.conn.execute(RENEW, (self.lease.seconds or 0, self.name)).fetchone()
         except Exception:
             return False
         self.lease.confirm(started)
+        if row is not None:
+            self._renewed_at = row[0]
         return True
 
     def wait(self, timeout: float, stop_event) -> None:
@@ -465,6 +478,7 @@ class PartitionManager:
         """The lock connection is gone, and every lock with it: another engine may
         hold any of these partitions now."""
         self.lease.end()  # first: no attempt from here on
+        self._lost_renewal = self._renewed_at
         dropped = self.handover.drop_all()
         logger.error(
             "lock connection lost: stopped attempting in %d partitions; reconnecting",
@@ -536,15 +550,17 @@ class PartitionManager:
         workers are finishing their attempts meanwhile), then close."""
         if self.conn is None:
             return
-        self.handover.start_drain(self.partitions.held)
-        deadline = self.clock() + timeout
         try:
+            # First no longer counted among the engines sharing the partitions, so
+            # the others' fair share grows to take what this one hands over.
+            self.conn.execute(LEAVE, (self.name,))
+            self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (MEMBER_NAMESPACE, self.member))
+            self.handover.start_drain(self.partitions.held)
+            deadline = self.clock() + timeout
             while self.partitions.held and self.clock() < deadline:
                 self.hand_over_drained()
                 if self.partitions.held:
                     time.sleep(0.05)
-            # No longer counted among the engines sharing the partitions.
-            self.conn.execute(LEAVE, (self.name,))
         except Exception:
             logger.warning("handing over on leaving failed", exc_info=True)
 
@@ -558,12 +574,17 @@ class PartitionManager:
         ).fetchall()
         holders = {objid: pid for classid, objid, pid in rows if classid == LOCK_NAMESPACE}
         members = sum(1 for classid, _, _ in rows if classid == MEMBER_NAMESPACE)
-        if self.clock() - self._connected_at < self.evict_after:
-            # Just (re)connected, maybe the first back after a database blip: the
-            # engines that held a lease a moment ago are reconnecting too, so their
-            # shares are left to them. Once connected longer, an engine that holds
-            # no member lock is gone (killed), and its partitions are taken at once.
-            members = max(members, self.conn.execute(LIVE, (self.evict_after,)).fetchone()[0])
+        rejoining = self.clock() - self._connected_at < self.REJOIN_WINDOW
+        if rejoining and self._lost_renewal is not None:
+            # Just reconnected, maybe the first back after a database restart: the
+            # engines that were renewing when this one lost its connection are
+            # reconnecting too, so their shares are left to them. Past the window,
+            # an engine that holds no member lock is gone, and its partitions are
+            # taken at once.
+            alive_then = self.conn.execute(
+                REJOINING, (self._lost_renewal, 2 * (self.lease.seconds or 0))
+            ).fetchone()[0]
+            members = max(members, alive_then)
         return holders, max(1, members)
 
     def _try_lock(self, p: int) -> bool:

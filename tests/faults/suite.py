@@ -27,7 +27,6 @@ import contextlib
 import json
 import random
 import signal
-import statistics
 import subprocess
 import threading
 import time
@@ -68,6 +67,15 @@ WEIGHTS = {
 ENGINE_FAULTS = {"kill_engine", "restart_engine", "freeze", "partition", "reset", "terminate_lock"}
 # Past this long cut off, the proxy closes the server side (PostgreSQL's keepalive).
 SERVER_NOTICES = 11.0
+# The faults timed alone at the start of a run (kind, length), and the quiet after each.
+ISOLATED = [
+    ("kill_engine", None),
+    ("restart_engine", None),
+    ("terminate_lock", None),
+    ("freeze", 10.0),
+    ("partition", 14.0),
+]
+QUIET = 15.0
 
 
 @dataclass
@@ -76,6 +84,12 @@ class Fault:
     engine: str | None  # the slot's name; None: every engine (pg_restart) or none
     started: float
     ended: float | None = None
+    # How long a freeze or a partition lasts; None: drawn.
+    length: float | None = None
+    # Alone: no other fault near it, so its hand-over is measured (handover_times).
+    isolated: bool = False
+    # The faulted engine's lock session when it began.
+    lock_pid: int | None = None
 
     def window(self) -> tuple[float, float]:
         """When an attempt in flight at this fault may have been sent twice."""
@@ -281,16 +295,19 @@ class Injector:
         self.pg_restart = pg_restart_command() if pg_restarts else None
         self.global_lock = threading.Lock()
 
-    def inject(self) -> Fault | None:
-        kinds = [k for k in WEIGHTS if k != "pg_restart" or self.pg_restart]
-        kind = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
+    def inject(self, kind=None, length=None, isolated=False) -> Fault | None:
+        if kind is None:
+            kinds = [k for k in WEIGHTS if k != "pg_restart" or self.pg_restart]
+            kind = self.rng.choices(kinds, [WEIGHTS[k] for k in kinds])[0]
         if kind in ENGINE_FAULTS:
             free = [slot for slot in self.cluster.slots if not slot.busy.locked()]
             if not free:
                 return None
             slot = self.rng.choice(free)
             slot.busy.acquire()
-            fault = Fault(kind, slot.name, time.time())
+            lock_pid = self.cluster.lock_pid_of(slot)
+            fault = Fault(kind, slot.name, time.time(), length=length, isolated=isolated)
+            fault.lock_pid = lock_pid
             thread = threading.Thread(target=self._engine_fault, args=(fault, slot), daemon=True)
         elif kind == "pg_restart":
             if not self.global_lock.acquire(blocking=False):
@@ -332,11 +349,11 @@ class Injector:
 
     def _freeze(self, fault, slot, rng):
         slot.process.send(signal.SIGSTOP)
-        time.sleep(rng.uniform(1, 15))
+        time.sleep(fault.length or rng.uniform(1, 15))
         slot.process.send(signal.SIGCONT)
 
     def _partition(self, fault, slot, rng):
-        length = rng.uniform(1, 20)
+        length = fault.length or rng.uniform(1, 20)
         slot.proxy.cut()
         if length > SERVER_NOTICES:
             time.sleep(SERVER_NOTICES)
@@ -499,58 +516,39 @@ def check(load: Load, receiver: Receiver, injector: Injector, sampler: Sampler, 
 
 
 def handover_times(faults, sampler: Sampler, cluster) -> dict:
-    """Per fault kind, from the lock samples: how long the faulted engine's
-    partitions stayed unheld (no lock at all) after the fault began, worst case
-    per fault; and, for kill_engine, when the first and the last came back."""
-    by_kind = collections.defaultdict(list)
-    first_back, all_back = [], []
-    samples = sampler.samples
+    """For each isolated engine fault, from the lock samples: when the faulted
+    engine's partitions were first, and all, locked by another session, and the
+    longest any of them stayed unlocked in between. (A partition taken from an
+    engine that did not hand it over is then used once that engine's lease is over:
+    at most DELIVERY_LEASE_SECONDS after its last renewal.)"""
+    figures = {}
     for fault in faults:
-        if fault.kind not in (
-            "kill_engine",
-            "restart_engine",
-            "freeze",
-            "partition",
-            "reset",
-            "terminate_lock",
-        ):
+        if not fault.isolated or fault.lock_pid is None:
             continue
-        before = [h for t, h in samples if t <= fault.started]
+        before = [h for t, h in sampler.samples if t <= fault.started]
         if not before:
             continue
-        theirs = {p for p, pid in before[-1].items() if cluster.lock_pids.get(pid) == fault.engine}
-        if not theirs:
-            continue
-        unheld_since, worst = {}, 0.0
-        back = {}
-        for t, holders in samples:
-            if t < fault.started:
+        theirs = {p for p, pid in before[-1].items() if pid == fault.lock_pid}
+        moved, last_old, gap = {}, {}, 0.0
+        for t, holders in sampler.samples:
+            if t < fault.started - 1 or t > fault.started + 60:
                 continue
-            if t > fault.started + 60:
-                break
-            for p in theirs:
-                if p not in holders:
-                    unheld_since.setdefault(p, t)
-                elif p in unheld_since:
-                    worst = max(worst, t - unheld_since.pop(p))
-                if p in holders and cluster.lock_pids.get(holders[p]) != fault.engine:
-                    back.setdefault(p, t)
-        by_kind[fault.kind].append(round(worst, 1))
-        if fault.kind == "kill_engine" and len(back) == len(theirs):
-            first_back.append(min(back.values()) - fault.started)
-            all_back.append(max(back.values()) - fault.started)
-    figures = {}
-    for kind, gaps in by_kind.items():
-        figures[f"{kind}: longest a partition stayed unheld (s)"] = {
-            "median": statistics.median(gaps),
-            "max": max(gaps),
-        }
-    if first_back:
-        figures["kill_engine: failover (s)"] = {
-            "first partition back, max": round(max(first_back), 1),
-            "all back, max": round(max(all_back), 1),
-            "all back, median": round(statistics.median(all_back), 1),
-        }
+            for p in theirs - set(moved):
+                pid = holders.get(p)
+                if pid == fault.lock_pid:
+                    last_old[p] = t
+                elif pid is not None and t >= fault.started:
+                    moved[p] = t
+                    gap = max(gap, t - last_old.get(p, fault.started) - Sampler.INTERVAL)
+        if theirs and len(moved) == len(theirs):
+            figures[fault.kind] = {
+                "partitions": len(theirs),
+                "first moved (s)": round(min(moved.values()) - fault.started, 1),
+                "all moved (s)": round(max(moved.values()) - fault.started, 1),
+                "longest unlocked (s)": round(max(gap, 0.0), 1),
+            }
+        else:
+            figures[fault.kind] = {"partitions": len(theirs), "moved": len(moved)}
     return figures
 
 
@@ -644,7 +642,21 @@ def run(
         wait_until(lambda: cluster.lock_pid_of(cluster.slots[-1]), timeout=60, message="engines")
         sampler.start()
         load.start()
-        time.sleep(3)
+        # The engines share the partitions before the first fault.
+        wait_until(
+            lambda: all(cluster.lock_pid_of(slot) for slot in cluster.slots)
+            and len(set(sampler.samples[-1][1].values())) == len(cluster.slots)
+            if sampler.samples
+            else False,
+            timeout=60,
+            message="every engine holding partitions",
+        )
+        # Each kind alone first, a quiet spell after it: their hand-overs are what
+        # the report times. A freeze and a partition outlast DELIVERY_EVICT_AFTER.
+        for kind, length in ISOLATED:
+            cluster.learn_lock_pids()
+            injector.inject(kind, length=length, isolated=True)
+            time.sleep(QUIET)
         while len(injector.faults) < faults:
             injector.inject()
             cluster.learn_lock_pids()
