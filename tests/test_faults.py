@@ -70,7 +70,7 @@ def test_faults_lose_nothing_and_duplicate_only_what_was_in_flight(user, data_di
     summary = report.markdown()
     print(summary)
     if os.environ.get("CHAOS_REPORT"):
-        Path(os.environ["CHAOS_REPORT"]).write_text(summary + "\n")
+        Path(os.environ["CHAOS_REPORT"]).write_text(report.page("make chaos"))
     assert sum(report.faults.values()) == faults
     assert report.acked > 0
     assert report.lost == []

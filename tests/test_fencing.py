@@ -41,15 +41,21 @@ def fenced_engine(partitions=1, lease=None, **options):
     return engine
 
 
-def test_a_late_result_never_sets_back_what_the_new_owner_delivered(entrypoint, make_target, sink):
-    postgresql_only()
-    target = make_target(url=sink.url("/a"), max_retries=5)
-    sink.always("/a", 500)
+def claimed(entrypoint, target):
+    """A fenced engine and the task of one event to `target`, claimed under epoch 1."""
     engine = fenced_engine()
     store(entrypoint)
     assert engine.intake_once() == 1
     task = engine.channel.get(0)
-    assert task.fence == (0, 1)
+    assert task.fence == (0, 1) and task.target_id == target.pk
+    return engine, task
+
+
+def test_a_late_result_never_sets_back_what_the_new_owner_delivered(entrypoint, make_target, sink):
+    postgresql_only()
+    target = make_target(url=sink.url("/a"), max_retries=5)
+    sink.always("/a", 500)
+    engine, task = claimed(entrypoint, target)
 
     # Meanwhile this engine was cut off; another took the partition and delivered.
     Partition.objects.filter(number=0).update(epoch=2, holder="other")
@@ -72,11 +78,7 @@ def test_a_take_waits_for_a_write_in_progress_and_then_fences_it_off(entrypoint,
     lock: a write holding it finishes first (the taker's recovery sees it); a write
     after the bump changes nothing."""
     postgresql_only()
-    make_target(url=sink.url("/a"))
-    engine = fenced_engine()
-    store(entrypoint)
-    engine.intake_once()
-    task = engine.channel.get(0)
+    engine, task = claimed(entrypoint, make_target(url=sink.url("/a")))
     holder = open_raw_connection()
     taker = open_raw_connection()
     try:
@@ -138,11 +140,7 @@ def test_a_stale_task_is_read_again_when_the_engine_took_its_partition_back(
     """Lost and taken again while a task of the old tenure was still held: the
     take's recovery skipped it, so letting it go reads it again, under the new epoch."""
     postgresql_only()
-    make_target(url=sink.url("/a"))
-    engine = fenced_engine()
-    store(entrypoint)
-    engine.intake_once()
-    task = engine.channel.get(0)
+    engine, task = claimed(entrypoint, make_target(url=sink.url("/a")))
     handover = Handover(engine)
     handover.drop_all()
     Partition.objects.filter(number=0).update(epoch=2)
@@ -269,3 +267,21 @@ def test_a_stuck_engine_lets_every_partition_go():
         assert stuck.conn is None  # no reconnecting while stuck
     finally:
         stuck.close()
+
+
+def test_the_healthcheck_gives_a_partition_between_owners_a_short_grace():
+    import datetime
+
+    from django.utils import timezone
+
+    from deliveries.models import EngineCluster
+
+    now = timezone.now()
+    EngineCluster.objects.create(partitions=2)
+    EngineStatus.objects.create(name="a", heartbeat_at=now, partitions=[0])
+    assert EngineStatus.objects.coverage(now).unheld == [1]
+    # Handed over a second ago: on its way to the next owner.
+    Partition.objects.create(number=1, epoch=3, changed_at=now - datetime.timedelta(seconds=1))
+    assert EngineStatus.objects.coverage(now).unheld == []
+    later = now + datetime.timedelta(seconds=Partition.HANDOVER_GRACE)
+    assert EngineStatus.objects.coverage(later).unheld == [1]
