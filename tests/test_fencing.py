@@ -3,6 +3,7 @@ checked by every result's write. Steps on this thread; the lock manager on a rea
 PostgreSQL; whole processes under faults in tests/test_chaos.py."""
 
 import threading
+import time
 
 import pytest
 from django.db import connection
@@ -10,10 +11,11 @@ from django.db import connection
 from deliveries.engine.handover import Handover
 from deliveries.engine.lease import Lease
 from deliveries.engine.lock import open_raw_connection
-from deliveries.engine.partitions import PartitionManager, Partitions
+from deliveries.engine.partitions import LOCK_NAMESPACE, PartitionManager, Partitions
 from deliveries.engine.writer import Written
 from deliveries.models import Delivery, DeliveryResult, EngineStatus, Partition
 from tests.engine_helpers import make_engine, store
+from tests.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -154,6 +156,32 @@ def test_a_stale_task_is_read_again_when_the_engine_took_its_partition_back(
     assert Delivery.objects.get().status == "delivered"
 
 
+def test_an_attempt_held_back_by_its_lease_leaves_the_breakers_probe_for_later(
+    entrypoint, make_target, sink
+):
+    target = make_target(url=sink.url("/a"), max_retries=5)
+    clock = FakeClock()
+    lease = Lease(2.0, clock=clock)
+    lease.confirm(clock())
+    engine = make_engine(partitions=Partitions(1, lease=lease))
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    breaker = engine.breakers.get(target.pk)
+    breaker.state, breaker.opened_until = breaker.OPEN, 0.0  # the next attempt probes
+
+    clock.now += 2.5  # the lease ran out
+    engine.process_one()
+    assert sink.requests("/a") == []
+
+    lease.confirm(clock())
+    (task,) = engine.scheduler.take(lambda t: True)
+    engine.inflight.release(task.delivery_id)
+    engine.process(task)
+    assert len(sink.requests("/a")) == 1  # the probe, not deferred by a phantom one
+    assert breaker.state == breaker.CLOSED
+
+
 def manager(name, partitions=8, **options):
     engine = make_engine(partitions=Partitions(partitions, held=(), lease=Lease(2.0)))
     EngineStatus.objects.create(name=name)
@@ -214,13 +242,14 @@ def test_an_engine_whose_lease_is_stale_is_evicted():
     try:
         first.step()
         pid = first.backend_pid
-        EngineStatus.objects.filter(name="first").update(
-            lease_renewed_at="2000-01-01T00:00:00Z", lease_until="2000-01-01T00:00:02Z"
-        )  # as if frozen long ago
-        second.step()
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
-            assert cursor.fetchone()[0] == 0
+
+        def gone():  # first renews no more, as if frozen: evicted a second on
+            second.step()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+                return cursor.fetchone()[0] == 0
+
+        wait_until(gone, timeout=10, message="first evicted")
         second.step()
         assert len(second.partitions.held) + len(second._taken) == 8
     finally:
@@ -285,3 +314,65 @@ def test_the_healthcheck_gives_a_partition_between_owners_a_short_grace():
     assert EngineStatus.objects.coverage(now).unheld == []
     later = now + datetime.timedelta(seconds=Partition.HANDOVER_GRACE)
     assert EngineStatus.objects.coverage(later).unheld == [1]
+
+
+def test_a_take_waiting_on_a_writers_fence_gives_up_that_partition_alone():
+    """A result writer holds a partition's row while its batch commits; a take that
+    waits on it past the lock timeout skips it, and keeps the connection and every
+    other partition."""
+    postgresql_only()
+    Partition.objects.create(number=0, epoch=1)
+    first = manager("first", partitions=2)
+    writer = open_raw_connection()
+    try:
+        writer.execute("BEGIN")
+        writer.execute("SELECT 1 FROM deliveries_partition WHERE number = 0 FOR SHARE")
+        first.step()
+        assert first.conn is not None and first.lease.valid()
+        assert first.partitions.held == {1}
+        writer.execute("COMMIT")
+        first.step()
+        assert first.partitions.held == {0, 1}
+    finally:
+        writer.close()
+        first.close()
+
+
+def test_leaving_lets_go_of_partitions_locked_but_not_in_use_yet():
+    postgresql_only()
+    first, second = manager("first"), manager("second")
+    try:
+        first.step()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [first.backend_pid])
+        second.step()
+        assert len(second._taken) == 8  # waiting out first's lease
+        second.leave(timeout=1)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s "
+                "AND classid = %s",
+                [second.backend_pid, LOCK_NAMESPACE],
+            )
+            assert cursor.fetchone()[0] == 0
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_long_take_keeps_the_lease_renewed():
+    postgresql_only()
+    first = manager("first", partitions=2)
+    take = first.handover.take
+
+    def slow_take(epochs):
+        time.sleep(2.5)  # an at-start recovery reading a large backlog
+        return take(epochs)
+
+    first.handover.take = slow_take
+    try:
+        first.step()
+        assert first.partitions.held == {0, 1}
+        assert first.lease.valid()
+    finally:
+        first.close()

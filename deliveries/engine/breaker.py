@@ -68,6 +68,14 @@ class CircuitBreaker:
                 return self.OPEN
             return None
 
+    def abandon(self) -> None:
+        """An attempt `allow()` let go was not made after all (the lease ran out, the
+        database failed): if it was the probe, the next attempt probes instead."""
+        with self._lock:
+            if self.state == self.HALF_OPEN:
+                self.state = self.OPEN
+                self.opened_until = self._clock()
+
     @property
     def is_open(self) -> bool:
         return self.state != self.CLOSED

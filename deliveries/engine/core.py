@@ -275,6 +275,14 @@ class Engine:
         if body is not None and not matches(state.filters, task.headers, body):
             self.finish(attempts.filtered(task))
             return
+        if not self.partitions.may_attempt(task.target_id):
+            # The lease ran out (the lock connection silent, or this process just
+            # woke from a pause): nothing is sent until a round trip confirms the
+            # locks stand. The task waits here, still owned, before it takes a
+            # breaker's probe or a rate-limit slot; if the locks are gone, the
+            # partitions thread drops it with everything else.
+            self.schedule(task, self.clock() + self.LEASE_WAIT)
+            return
         breaker = self.breakers.get(task.target_id) if state.retries else None
         if breaker is not None:
             retry_at = breaker.allow()
@@ -295,13 +303,14 @@ class Engine:
         try:
             body = read_body(task) if body is None else body
         except DatabaseError:
+            if breaker is not None:
+                breaker.abandon()
             self._database_trouble(task)
             return
         if not self.partitions.may_attempt(task.target_id):
-            # The lease ran out (the lock connection silent, or this process just
-            # woke from a pause): nothing is sent until a round trip confirms the
-            # locks stand. The task waits here, still owned; if the locks are gone,
-            # the partitions thread drops it with everything else.
+            # It ran out while the body was read: checked again just before sending.
+            if breaker is not None:
+                breaker.abandon()
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return
         result = attempts.attempt(
@@ -312,7 +321,7 @@ class Engine:
             if change == CircuitBreaker.CLOSED:
                 self._send_deferred(task.target_id)  # the probe got through
             elif change == CircuitBreaker.OPEN:
-                self._date_deferred(task.target_id, breaker.opened_until)
+                self._date_deferred(task.target_id, breaker.opened_until, task.fence)
             if result.status == Delivery.Status.RETRYING and breaker.is_open:
                 # Its retry cannot go before the breaker lets it: schedule it, and
                 # say it, for then; a probe that gets through sends it sooner.
@@ -333,11 +342,13 @@ class Engine:
         connection.close()
         self.schedule(task, self.clock() + self.WRITE_RETRY)
 
-    def _date_deferred(self, target_id: int, until: float) -> None:
+    def _date_deferred(self, target_id: int, until: float, fence=None) -> None:
         """The breaker opened: the target's unfinished deliveries will not be tried
-        before `until`, so their next_attempt_at says so (the admin shows it)."""
+        before `until`, so their next_attempt_at says so (the admin shows it).
+        Under the epoch of the attempt that opened it (`fence`, a task's), as the
+        attempt's own result."""
         at = timezone.now() + datetime.timedelta(seconds=max(0.0, until - self.clock()))
-        self._write(NotBefore(target_id, at))
+        self._write(NotBefore(target_id, at, fence))
 
     def alert_once(self) -> int:
         """Raise the alerts that are due (breakers open too long, targets that
@@ -444,8 +455,19 @@ class Engine:
         the partition again since, its at-start recovery there skipped this task
         (held here then): the row is read again now, under the current epoch."""
         self.release(task)
-        if self.partitions.may_claim(task.target_id):
-            self.recover_in(lambda rows: rows.filter(id=task.delivery_id))
+        if not self.partitions.may_claim(task.target_id):
+            return
+        try:
+            found = self.recover_in(lambda rows: rows.filter(id=task.delivery_id))
+        except DatabaseError:
+            logger.warning("delivery %s: could not read it again", task.delivery_id, exc_info=True)
+            found = 0
+        if not found:
+            # Not read again (the channel full, or the database failing): a pending
+            # row is drained with its target's overflow, a retrying one found by the
+            # recovery tick.
+            self.overflow.note(task.target_id, task.delivery_id)
+            self.wake_event.set()
 
     def release(self, task: Task) -> None:
         """The engine is done with the task in memory."""

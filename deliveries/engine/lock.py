@@ -86,21 +86,35 @@ class BoundedConnection:
     def __init__(self, conn, deadline: float):
         self.conn = conn
         self.deadline = deadline
+        # Held while the socket is shut down and while the connection closes, and
+        # to mark a call finished: a late timer never touches a finished call's
+        # socket, nor a descriptor the connection closed and the process reused.
+        self._lock = threading.Lock()
 
     def execute(self, *args, **kwargs):
-        timer = threading.Timer(self.deadline, self._abort)
+        call = {"done": False}
+        timer = threading.Timer(self.deadline, self._abort, args=(call,))
         timer.daemon = True
         timer.start()
         try:
             return self.conn.execute(*args, **kwargs)
         finally:
+            with self._lock:
+                call["done"] = True
             timer.cancel()
 
-    def _abort(self) -> None:
-        with contextlib.suppress(Exception):
-            sock = socket.socket(fileno=os.dup(self.conn.pgconn.socket))
-            with sock:
-                sock.shutdown(socket.SHUT_RDWR)
+    def _abort(self, call) -> None:
+        with self._lock:
+            if call["done"] or self.conn.closed:
+                return
+            with contextlib.suppress(Exception):
+                sock = socket.socket(fileno=os.dup(self.conn.pgconn.socket))
+                with sock:
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        with self._lock:
+            self.conn.close()
 
     def __getattr__(self, name):
         return getattr(self.conn, name)

@@ -229,10 +229,14 @@ WHERE name = %s
 
 # Engines whose lease was last renewed longer than DELIVERY_EVICT_AFTER ago while
 # their lock session stands (frozen, stuck, cut off on a connection the server has
-# not closed yet): their sessions are ended, which releases their locks.
+# not closed yet): their sessions are ended, which releases their locks. Only the
+# session that renewed it (its pid, its application name, opened before that
+# renewal), never another process's that reused the pid.
 EVICT = """
 SELECT e.name, pg_terminate_backend(a.pid) FROM deliveries_enginestatus e
-JOIN pg_stat_activity a ON a.pid = e.lock_pid AND a.application_name LIKE 'webhooker engine %%'
+JOIN pg_stat_activity a ON a.pid = e.lock_pid
+    AND a.application_name = left('webhooker engine ' || e.name, 63)
+    AND a.backend_start < e.lease_renewed_at
 WHERE e.stopped_at IS NULL AND e.name <> %s
 AND e.lease_renewed_at < clock_timestamp() - make_interval(secs => %s)
 AND a.pid <> pg_backend_pid()
@@ -337,11 +341,27 @@ class PartitionManager:
             # shorter, so the host stops attempting well before that.
             for name, value in self.KEEPALIVES:
                 conn.execute(f"SET {name} = {int(value)}")
-            # Renewals are heartbeats, not data: no fsync to wait for.
-            conn.execute("SET synchronous_commit = off")
+            # A writer's fence holds a partition's row while its batch commits: a
+            # take or a release waits for it at most half the lease, then gives up
+            # on that partition alone (a statement past the lease fails the
+            # connection, and every partition with it).
+            if self.lease.seconds:
+                conn.execute(f"SET lock_timeout = {int(self.lease.seconds * 500)}")
+            # synchronous_commit stays on: an epoch taken here must survive a
+            # server crash, or a new holder could draw the number a stale one holds.
             conn.execute(
                 "SELECT set_config('application_name', %s, false)", (self.application_name,)
             )
+            # This engine's earlier lock session, if the server has not noticed yet
+            # that it is gone (a cut connection): ended now, so its locks are free
+            # for whoever takes them rather than held until its keepalives fail.
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                (self.application_name,),
+            )
+            # A member key of its own per session: never waiting on the old one's.
+            self.member = random.randint(1, 2**31 - 1)
             check_session(conn, self.member)
             conn.execute(f"LISTEN {HANDOVER_CHANNEL}")
         except BaseException:
@@ -470,9 +490,29 @@ class PartitionManager:
         now = self.clock()
         ready = {p: epoch for p, (epoch, at) in self._taken.items() if at <= now}
         if ready:
-            self.handover.take(ready)
+            with self.renewing():
+                self.handover.take(ready)
             for p in ready:
                 del self._taken[p]
+
+    @contextlib.contextmanager
+    def renewing(self):
+        """Renew the lease every TICK on a thread of its own while the body runs: a
+        take's recovery over a large backlog may read for longer than the lease, and
+        must not let it lapse (the others would evict this engine for it)."""
+        done = threading.Event()
+
+        def renew():
+            while not done.wait(self.TICK) and self.renew():
+                pass
+
+        helper = threading.Thread(target=renew, name="lease-renewal", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            done.set()
+            helper.join()
 
     def lost(self) -> None:
         """The lock connection is gone, and every lock with it: another engine may
@@ -518,8 +558,17 @@ class PartitionManager:
                 if len(taken) >= take:
                     break
                 if self._try_lock(p):
+                    try:
+                        row = self.conn.execute(TAKE, {"p": p, "me": self.name}).fetchone()
+                    except Exception as exc:
+                        if not lock_timed_out(exc):
+                            raise
+                        # Its row is held by a writer's fence for longer than the
+                        # lock timeout: left for a later step, the connection fine.
+                        self._unlock(p)
+                        continue
                     taken.append(p)
-                    epoch, wait = self.conn.execute(TAKE, {"p": p, "me": self.name}).fetchone()
+                    epoch, wait = row
                     # Locked is owned: used once the previous holder's lease is over.
                     self._taken[p] = (epoch, self.clock() + wait)
             if taken:
@@ -539,11 +588,23 @@ class PartitionManager:
         return done
 
     def release(self, p: int) -> None:
-        epoch = self.partitions.epochs.get(p)
-        if epoch is not None:
-            self.conn.execute(RELEASE, (p, epoch))
-        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
+        self._release(p, self.partitions.epochs.get(p))
         self.handover.let_go([p])
+
+    def _release(self, p: int, epoch: int | None) -> None:
+        """Say the partition is free (the next holder need not wait out this
+        engine's lease), and unlock it."""
+        if epoch is not None:
+            try:
+                self.conn.execute(RELEASE, (p, epoch))
+            except Exception as exc:
+                if not lock_timed_out(exc):
+                    raise
+                # Unlocked all the same: the next holder waits out the lease.
+        self._unlock(p)
+
+    def _unlock(self, p: int) -> None:
+        self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (LOCK_NAMESPACE, p))
 
     def leave(self, timeout: float) -> None:
         """A graceful stop: hand every partition over as soon as it is drained (the
@@ -555,6 +616,12 @@ class PartitionManager:
             # the others' fair share grows to take what this one hands over.
             self.conn.execute(LEAVE, (self.name,))
             self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (MEMBER_NAMESPACE, self.member))
+            # Locked but not in use yet: nothing of them is held, so they go at once.
+            for p, (epoch, _) in sorted(self._taken.items()):
+                self._release(p, epoch)
+            if self._taken:
+                self._taken.clear()
+                self.conn.execute(f"NOTIFY {HANDOVER_CHANNEL}")
             self.handover.start_drain(self.partitions.held)
             deadline = self.clock() + timeout
             while self.partitions.held and self.clock() < deadline:
@@ -591,6 +658,11 @@ class PartitionManager:
         return self.conn.execute(
             "SELECT pg_try_advisory_lock(%s, %s)", (LOCK_NAMESPACE, p)
         ).fetchone()[0]
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Whether a statement failed on lock_timeout (SQLSTATE 55P03)."""
+    return getattr(exc, "sqlstate", None) == "55P03"
 
 
 def check_session(conn, member: int) -> None:

@@ -82,7 +82,8 @@ class Watchdog:
 
     def healthy(self) -> bool:
         now = self.clock()
-        if any(now - at > self.stall_after for at in self._stamps.values()):
+        # A copy: a loop stamping its first time adds a key meanwhile.
+        if any(now - at > self.stall_after for at in list(self._stamps.values())):
             return False
         return not self.workers.all_stuck(now - self.attempt_bound)
 

@@ -197,13 +197,18 @@ class Sampler(threading.Thread):
         if conn is not None:
             conn.close()
 
-    def holder(self, partition: int, at: float) -> int | None:
-        """The lock holder's backend pid at the last sample before `at`."""
-        found = None
+    def holders(self, partition: int, since: float, until: float) -> set[int]:
+        """The lock holders' backend pids from the last sample before `since` to
+        the last before `until`."""
+        found, last = set(), None
         for sampled, holders in self.samples:
-            if sampled > at:
+            if sampled > until:
                 break
-            found = holders.get(partition)
+            if sampled >= since:
+                found.add(holders.get(partition))
+            last = holders.get(partition)
+        found.add(last)
+        found.discard(None)
         return found
 
 
@@ -483,11 +488,15 @@ def check(load: Load, receiver: Receiver, injector: Injector, sampler: Sampler, 
         duplicates += len(times) - 1
         first = min(times)
         partition = target_by_path[path] % PARTITIONS
-        holder = cluster.lock_pids.get(sampler.holder(partition, first))
+        # Who may have sent it first: an engine whose lock was released under it
+        # (its session ended, or cut off) attempts on until its lease runs out, so
+        # any holder of the partition during the lease before the first send.
+        pids = sampler.holders(partition, first - LEASE - 1.0, first)
+        senders = {cluster.lock_pids.get(pid) for pid in pids}
         if not any(
             f.window()[0] <= first <= f.window()[1]
             and f.kind != "kill_web"
-            and (f.engine is None or holder is None or f.engine == holder)
+            and (f.engine is None or not senders or None in senders or f.engine in senders)
             for f in injector.faults
         ):
             unexplained.append((path, message_id, times))
