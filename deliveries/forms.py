@@ -10,10 +10,9 @@ import json
 
 from django import forms
 from django.core.exceptions import ValidationError
-from django.db import connections
 from django.utils import timezone
 
-from deliveries import verification, wake
+from deliveries import verification
 from deliveries.models import Entrypoint, Target
 from deliveries.targets import TARGET_TYPES, clean_config
 
@@ -157,14 +156,6 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             except ValidationError as exc:
                 self.add_error(TARGET_TYPES[type_].main_field, exc.messages)
         return cleaned
-
-    def save(self, commit=True):
-        target = super().save(commit)
-        if commit and self.has_changed():
-            # The engine re-reads a target whose updated_at moved; the wake makes it
-            # look now, so a pause holds, and a resume sends, at once.
-            wake.notify_on_commit(connections[target._state.db])
-        return target
 
 
 class PauseForm(forms.Form):

@@ -306,6 +306,16 @@ class Target(models.Model):
     def __str__(self):
         return self.name
 
+    def save(self, *args, **kwargs):
+        changed = not self._state.adding
+        super().save(*args, **kwargs)
+        if changed:
+            # The one home of the rule: a changed target wakes the engine, which
+            # re-reads a target whose updated_at moved; the wake makes it look now, so
+            # a pause holds, a resume sends and a new URL is used at once (at COMMIT,
+            # if any). A new target has nothing waiting.
+            wake.notify_on_commit(connections[self._state.db])
+
     def clean_fields(self, exclude=None):
         # The config is checked against the type here, not in clean(), because only
         # clean_fields() is told what a ModelForm leaves out: the target form has no
@@ -343,6 +353,7 @@ class Target(models.Model):
             secret_rotated_at=now,
             updated_at=now,
         )
+        wake.notify_on_commit(connections[self._state.db])
         self.refresh_from_db(
             fields=["signing_secret", "previous_signing_secret", "secret_rotated_at", "updated_at"]
         )

@@ -149,3 +149,17 @@ def test_replay_sets_back_and_adds_deliveries_for_new_targets(alice, worlds, not
     assert notify.call_count == 1
     assert Event.objects.filter(pk=event.pk).replay() == (0, 0)  # nothing finished, none new
     assert notify.call_count == 1
+
+
+def test_a_changed_target_wakes_the_engine_whichever_way_it_is_saved(alice, worlds, notify):
+    """The rule's one home is Target.save(): the admin's form, the API and code all
+    go through it. A new target has nothing waiting and wakes nobody."""
+    webhook = Event.objects.get(pk=worlds[alice][Event]).webhook
+    notify.reset_mock()
+    target = Target.objects.create(webhook=webhook, name="new", type="log")
+    assert notify.call_count == 0
+    target.active = False
+    target.save()
+    assert notify.call_count == 1
+    target.rotate_signing_secret()
+    assert notify.call_count == 2

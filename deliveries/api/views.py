@@ -2,7 +2,7 @@
 admin's ownership rule, so another user's rows answer 404 like missing ones; every
 action calls the same set-based operation as the admin's."""
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, QuerySet
 from django.http import HttpResponse, JsonResponse
 from drf_spectacular.types import OpenApiTypes
@@ -12,7 +12,6 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 
-from deliveries import wake
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
 from deliveries.api.filters import (
@@ -101,13 +100,6 @@ class TargetViewSet(CrudViewSet):
     model = Target
     serializer_class = s.TargetSerializer
     list_filter = WebhookChildFilter
-
-    def perform_update(self, serializer):
-        with transaction.atomic():
-            serializer.save()
-            # The engine re-reads a target whose updated_at moved; the wake makes it
-            # look now rather than at its next poll.
-            wake.notify_on_commit(connection)
 
     @extend_schema(
         operation_id="targets_pause", request=s.PauseSerializer, responses=s.TargetSerializer
