@@ -396,3 +396,39 @@ def _json_path(body: bytes, path: str):
             return None
         value = value.get(name)
     return value
+
+
+# --- event types ---------------------------------------------------------------
+
+# Headers that name the kind of event, as senders send them (GitHub, GitLab,
+# Bitbucket, Shopify, Gitea, Twilio-style); else a JSON body's "type" (Stripe,
+# Standard Webhooks) or "event".
+EVENT_TYPE_HEADERS = (
+    "x-github-event",
+    "x-gitlab-event",
+    "x-event-key",
+    "x-shopify-topic",
+    "x-gitea-event",
+    "x-event-type",
+)
+# Bodies parsed for their "type" only up to this size: the list column is a
+# convenience, never worth parsing megabytes in the inbound request.
+EVENT_TYPE_BODY_LIMIT = 64 * 1024
+
+
+def event_type(headers: list[list[str]], body: bytes, content_type: str) -> str:
+    """What the sender says the event is, or ""."""
+    for name, value in headers:
+        if name.lower() in EVENT_TYPE_HEADERS and value.strip():
+            return value.strip()[:200]
+    if len(body) > EVENT_TYPE_BODY_LIMIT or body.lstrip()[:1] != b"{":
+        return ""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    for key in ("type", "event", "event_type"):
+        value = document.get(key) if isinstance(document, dict) else None
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:200]
+    return ""

@@ -1,4 +1,4 @@
-"""Group commit (ingest.GroupCommit): concurrent inbound events in one process share
+"""Group commit (webhooker.sqlite.group_commit): concurrent inbound events in one process share
 one SQLite transaction, each still answered only after its own rows are committed."""
 
 import os
@@ -12,9 +12,9 @@ import pytest
 import requests
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
-from deliveries import ingest
 from deliveries.models import Event
 from tests.processes import start_web, wait_until
+from webhooker.sqlite.group_commit import GroupCommit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,7 +63,7 @@ def queue(group, outcomes, key, store):
 def test_a_failing_event_fails_its_own_request_only(webhook):
     """A leads alone while B, C and D queue; B leads their group of three, where
     C's insert fails: B and D are stored and committed together, C fails alone."""
-    group = ingest.GroupCommit()
+    group = GroupCommit()
     release = threading.Event()
     taken = uuid.uuid4()
     _event(webhook, taken)
@@ -102,7 +102,7 @@ def test_a_failing_event_fails_its_own_request_only(webhook):
 def test_a_failed_commit_fails_every_event_of_the_group(webhook, monkeypatch):
     """COMMIT itself fails (a full disk): no event of the group is stored, and every
     one of its requests gets the error."""
-    group = ingest.GroupCommit()
+    group = GroupCommit()
     wrapper = type(connections["default"])
     real_rollback = wrapper._rollback
 
@@ -137,7 +137,7 @@ def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
     """A job that leaves the transaction unusable (here: the connection lost in it)
     makes Django roll the group back without raising: its neighbours must not be
     answered as stored."""
-    group = ingest.GroupCommit()
+    group = GroupCommit()
     outcomes = {}
 
     def lose_connection():
@@ -161,7 +161,7 @@ def test_a_full_disk_mid_group_fails_the_rest_of_it_as_unavailable(webhook):
     """SQLite may abandon the whole transaction when the disk fills mid-statement:
     the events after it in the group get the same database error (the view's 503),
     not Django's complaint about a broken transaction (a 500)."""
-    group = ingest.GroupCommit()
+    group = GroupCommit()
     outcomes = {}
 
     def disk_fills():
@@ -189,7 +189,7 @@ def test_events_arriving_while_the_leader_waits_for_the_writer_join_its_group(we
     in the leader's one transaction, not A alone and then B and C in a second."""
     if connection.vendor != "sqlite":
         pytest.skip("only SQLite's BEGIN waits for a writer lock")
-    group = ingest.GroupCommit()
+    group = GroupCommit()
     codes = {key: uuid.uuid4() for key in "abc"}
     connected, holding, release = threading.Event(), threading.Event(), threading.Event()
 

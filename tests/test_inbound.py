@@ -8,7 +8,7 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from deliveries import ingest
+from deliveries.ingest import statements as queries
 from deliveries.models import Delivery, Event, Target
 
 pytestmark = pytest.mark.django_db
@@ -195,7 +195,7 @@ def test_delivery_creation_failure_leaves_no_event_and_answers_5xx(
     entrypoint, make_target, monkeypatch
 ):
     make_target(url="http://example.com/a")
-    real_statements = ingest._statements
+    real_statements = queries.for_vendor
 
     def broken_delivery_table(vendor):
         # The deliveries INSERT fails in the database, after the event's succeeded.
@@ -204,7 +204,7 @@ def test_delivery_creation_failure_leaves_no_event_and_answers_5xx(
             for name, sql in real_statements(vendor).items()
         }
 
-    monkeypatch.setattr(ingest, "_statements", broken_delivery_table)
+    monkeypatch.setattr(queries, "for_vendor", broken_delivery_table)
     client = Client(raise_request_exception=False)
     response = post(client, entrypoint)
     assert response.status_code >= 500
