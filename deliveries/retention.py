@@ -1,12 +1,11 @@
 """Retention: events older than their webhook's retention_days go, with their
 deliveries and attempt results, in short transactions that yield to ingest.
 
-Pruning 160 000 events in batches of 500 held SQLite's one writer lock for about
-115 ms at a time, back to back, and inbound p95 went from 3 ms to 462 ms. Batches
-of 100 (tens of milliseconds each, a pause as long after each) still took it from
-5 ms to 22-32 ms: an inbound request that arrives during a batch waits for all
-of what is left of it, and with the lock held half of the time, one in two does.
-So on SQLite a batch is now sized by time, not by count (`Pacer`): each
+An inbound request that arrives during a prune's batch on SQLite waits for all of
+what is left of it (one writer lock), and with the lock held half of the time, one
+in two does: batches sized by count hold it for as long as their events' rows take,
+which multiplies inbound p95 (bench/RESULTS.md). So on SQLite a batch is sized by
+time, not by count (`Pacer`): each
 transaction aims to hold the lock about HOLD (4 ms), the size following the rate
 the last batches showed (PostgreSQL keeps batches of SERVER_BATCH: its row locks
 hold up no inbound request), its events are chosen before the write transaction
@@ -50,15 +49,15 @@ SERVER_BATCH = 100
 READ_AHEAD = 1000
 # After each batch, pause this many times as long as the batch took.
 YIELD = 1.0
-# Body bytes in one transaction at most (at least one event): the pacer's floor of
-# FIRST_BATCH events held the lock 87 ms a batch with 1 MB bodies.
+# Body bytes in one transaction at most (at least one event): with large bodies the
+# pacer's floor of FIRST_BATCH events would hold the lock far past HOLD.
 MAX_BATCH_BYTES = 1 << 20
 # Times a batch is tried when PostgreSQL aborts it to break a deadlock (SQLSTATE
 # 40P01), before it is left for the next prune.
 DEADLOCK_TRIES = 3
 DEADLOCK_DETECTED = "40P01"
 # Free pages given back by the incremental vacuum's first transaction (paced to
-# HOLD like the batches after it; 1 000 pages took about 10 ms), and the most.
+# HOLD like the batches after it), and the most.
 FIRST_VACUUM_STEP = 100
 MAX_VACUUM_STEP = 10_000
 
@@ -108,9 +107,9 @@ def prune_events(
     elif connection.vendor == "sqlite":
         pacer = Pacer()
     else:
-        # PostgreSQL's row locks hold up no inbound request (p95 during a prune
-        # 1.1x idle with 100 events a batch), while each of its transactions costs
-        # round trips: paced to 4 ms it would delete an event at a time.
+        # PostgreSQL's row locks hold up no inbound request, while each of its
+        # transactions costs round trips: paced to HOLD it would delete an event
+        # at a time.
         pacer = Pacer(hold=None, first=SERVER_BATCH)
     removed = Counter()
     for webhook_id, days in Webhook.objects.values_list("id", "retention_days"):
@@ -121,14 +120,14 @@ def prune_events(
         # Candidates only: events still on their way are skipped by _delete, which
         # looks under lock. Left out of this query, that check cannot turn it into
         # an anti-join, which PostgreSQL with stale statistics (right after a bulk
-        # load) ran at ~0.7 ms per old event: 11 s a batch.
+        # load) runs in time proportional to every old event, for every batch.
         expired = Event.objects.filter(webhook_id=webhook_id, received_at__lt=cutoff)
         after = 0
         while True:
             # Chosen outside the write transaction (on SQLite a read does not hold
             # up writers, and the transaction below looks again anyway), many
-            # batches at a time: with stale statistics PostgreSQL ran this read as
-            # a sort of every expired event, ~25 ms each time.
+            # batches at a time: with stale statistics PostgreSQL runs this read as
+            # a sort of every expired event, each time.
             candidates = list(
                 expired.filter(id__gt=after)
                 .order_by("id")
@@ -169,8 +168,8 @@ def _delete(ids) -> tuple[Counter, float]:
     the lock behind ingest is not the batch's cost and must not shrink the next).
 
     Raw statements, their text built before the transaction: on SQLite everything
-    inside holds the one writer lock, and Django's query building there cost more
-    than the statements (about 2 of the 3 ms of a one-event batch)."""
+    inside holds the one writer lock, and Django's query building there costs more
+    than the statements."""
     # Plain DELETEs, children first: Django's delete() would load every row into
     # Python to collect cascades, several times the CPU of the statements, on the
     # cores the inbound view needs meanwhile. These three tables are the only ones

@@ -10,7 +10,7 @@ from django.views.decorators.csrf import csrf_exempt
 from deliveries import ingest, metrics, verification
 from deliveries.models import Rejection
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
-from webhooker.edge import GONE, RAW_HEADERS
+from webhooker.request_context import GONE, RAW_HEADERS
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from deliveries.admin import CappedCountPaginator
+from deliveries.admin.base import CappedCountPaginator
 from deliveries.models import Delivery, Event, Target
 from tests.admin_helpers import client_for, world
 from tests.engine_helpers import store

@@ -21,7 +21,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from deliveries import dashboard, search
+from deliveries.admin import dashboard, search
 from deliveries.models import Delivery, Event
 from tests.admin_helpers import client_for, world
 from tests.engine_helpers import store

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from deliveries import search
+from deliveries.admin import search
 from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Event, Target
 from tests.admin_helpers import client_for, world
 from tests.engine_helpers import attempt_one, store

@@ -269,7 +269,8 @@ def test_the_first_engine_back_after_a_blip_takes_only_its_share():
         with connection.cursor() as cursor:  # the database restarts: every session ends
             cursor.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name LIKE 'webhooker engine %%'"
+                "WHERE application_name LIKE 'webhooker engine %%' "
+                "AND datname = current_database()"
             )
         for m in engines:
             m.step()  # each notices

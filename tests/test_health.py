@@ -5,7 +5,7 @@ import datetime
 import pytest
 from django.utils import timezone
 
-from deliveries import health
+from deliveries.admin import health
 from deliveries.models import Delivery, DeliveryResult, EngineStatus, Target
 from tests.engine_helpers import store
 

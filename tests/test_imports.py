@@ -83,3 +83,14 @@ def test_no_import_cycle_among_project_modules():
     except graphlib.CycleError as exc:
         # graphlib lists each module before the one that imports it.
         raise AssertionError("import cycle: " + " imports ".join(reversed(exc.args[1]))) from None
+
+
+def test_the_application_never_reaches_the_http_server():
+    """The view, the ingest path and the database backends read what the server
+    says of a request from webhooker.request_context; the server (edge) is loaded
+    by gunicorn alone."""
+    graph = import_graph()
+    for name in sorted(graph):
+        if name.startswith(("deliveries.", "webhooker.sqlite", "webhooker.postgresql")):
+            chain = path_between(graph, name, "webhooker.edge")
+            assert chain is None, " -> ".join(chain)

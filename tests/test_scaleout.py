@@ -126,7 +126,9 @@ class LockSampler(threading.Thread):
             while not self.stop.wait(0.1):
                 rows = conn.execute(
                     "SELECT objid, count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND classid = %s AND objsubid = 2 AND granted GROUP BY objid",
+                    "AND classid = %s AND objsubid = 2 AND granted AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database()) "
+                    "GROUP BY objid",
                     (LOCK_NAMESPACE,),
                 ).fetchall()
                 counts = dict(rows)

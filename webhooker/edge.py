@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn_worker import UvicornWorker
 
-from webhooker.sqlite.base import request_arrived
+from webhooker.request_context import ARRIVED, GONE, RAW_HEADERS, request_arrived
 
 logger = logging.getLogger("deliveries.edge")
 
@@ -48,11 +48,6 @@ OVERLOADED_RETRY_AFTER = 5
 # as they arrive, never from a declared length: a length declared and never sent
 # would fill the budget for free.
 SMALL_BODY = 64 * 1024
-# Keys of the WSGI environ that carry what CGI variables cannot.
-RAW_HEADERS = "webhooker.headers"
-GONE = "webhooker.gone"
-# When the request was admitted (time.monotonic()).
-ARRIVED = "webhooker.arrived"
 # Key of the ASGI scope with the header names as the client spelled them (uvicorn
 # lower-cases scope["headers"]), one per line, in order.
 HEADER_NAMES = "webhooker.header_names"

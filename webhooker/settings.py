@@ -171,7 +171,7 @@ AUTHENTICATION_BACKENDS = [
 ]
 
 # --- Admin (django-unfold) ------------------------------------------------------
-# Callables are named by path and called per request (deliveries/console.py): the
+# Callables are named by path and called per request (deliveries/admin/console.py): the
 # sidebar lists only what the user may see; the login throttling tables sit under
 # "Security", for superusers only.
 # Where a login without ?next= lands: unfold's login form, unlike Django's own,
@@ -186,10 +186,10 @@ UNFOLD = {
     "SIDEBAR": {
         "show_search": False,
         "show_all_applications": False,
-        "navigation": "deliveries.console.navigation",
+        "navigation": "deliveries.admin.console.navigation",
     },
-    "STYLES": ["deliveries.console.stylesheet"],
-    "SCRIPTS": ["deliveries.console.script"],
+    "STYLES": ["deliveries.admin.console.stylesheet"],
+    "SCRIPTS": ["deliveries.admin.console.script"],
 }
 
 # --- Login throttling (django-axes) ----------------------------------------------
@@ -316,7 +316,7 @@ WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024,
 WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, minimum=0.1)
 # Threads running Django in each web worker, and requests allowed to wait for one
 # beyond them; past both, 503 with Retry-After at once. A queue of 8 per thread
-# waits at most a few tens of milliseconds at the measured ~1 ms per event.
+# waits at most a few tens of milliseconds at about a millisecond per event.
 WEB_THREADS = _number("WEB_THREADS", 4, minimum=1)
 WEB_QUEUE = _number("WEB_QUEUE", 32, minimum=0)
 # Bytes of request bodies a web worker holds in memory at once, beyond each body's

@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from deliveries import dashboard
+from deliveries.admin import dashboard
 
 urlpatterns = [
     # The dashboard's figures alone, which the admin's index reloads in place.

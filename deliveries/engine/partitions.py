@@ -357,7 +357,8 @@ class PartitionManager:
             # for whoever takes them rather than held until its keepalives fail.
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                "WHERE application_name = %s AND datname = current_database() "
+                "AND pid <> pg_backend_pid()",
                 (self.application_name,),
             )
             # A member key of its own per session: never waiting on the old one's.

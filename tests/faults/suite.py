@@ -186,7 +186,8 @@ class Sampler(threading.Thread):
                     conn = open_raw_connection()
                 rows = conn.execute(
                     "SELECT l.objid, l.pid FROM pg_locks l WHERE l.locktype = 'advisory' "
-                    "AND l.classid = %s AND l.objsubid = 2 AND l.granted",
+                    "AND l.classid = %s AND l.objsubid = 2 AND l.granted AND l.database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())",
                     (LOCK_NAMESPACE,),
                 ).fetchall()
                 self.samples.append((time.time(), dict(rows)))
@@ -236,7 +237,8 @@ class Cluster:
         with contextlib.suppress(Exception), open_raw_connection() as conn:
             rows = conn.execute(
                 "SELECT pid, application_name FROM pg_stat_activity "
-                "WHERE application_name LIKE 'webhooker engine %%'"
+                "WHERE application_name LIKE 'webhooker engine %%' "
+                "AND datname = current_database()"
             ).fetchall()
             for backend, name in rows:
                 parts = name.split(":")
@@ -590,7 +592,8 @@ def stuck(cluster) -> str:
         holders = dict(
             conn.execute(
                 "SELECT objid, pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-                "AND objsubid = 2 AND granted",
+                "AND objsubid = 2 AND granted AND database = "
+                "(SELECT oid FROM pg_database WHERE datname = current_database())",
                 (LOCK_NAMESPACE,),
             ).fetchall()
         )

@@ -4,8 +4,8 @@ prepared statements for the inbound endpoint.
 With CONN_HEALTH_CHECKS, Django sends "SELECT 1" on a reused connection at the
 start of every request, so that one the server has closed (a restart,
 pg_terminate_backend, an idle timeout) is replaced rather than failing the
-request. On the inbound endpoint that is a third of its round trips (measured:
-bench/RESULTS.md). A connection the server has closed always has something to
+request. On the inbound endpoint that is a third of its round trips
+(bench/RESULTS.md). A connection the server has closed always has something to
 read - its termination message, then end of file - while a healthy idle one has
 nothing (the web side listens for no notifications). So the socket is polled
 first, without waiting, and Django's check runs only when there is input.

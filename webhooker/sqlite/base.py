@@ -9,17 +9,14 @@ ROLLBACK: a waiting writer is woken by the kernel the moment the lock is release
 across every process on the host. The busy timeout stays as the backstop for
 writes outside a transaction.
 
-Measured again with the event-loop front (webhooker/edge.py), 3 workers, the
-engine delivering to log targets, wrk -c16 on the inbound endpoint, two rounds
-each: ingest 339-363 requests/s with this lock against 323-336 without, and p99
-93-538 ms against 433-1030 ms. The throughput is the same; the tail is what the
-queue earns, so it stays.
+The throughput is the same with the queue as without; the tail latency is what it
+earns (bench/RESULTS.md, "Figures that were in code comments").
 
 The wait for the lock is bounded by the database's "timeout" option, like
 SQLite's own busy wait: a writer stopped while holding it (SIGSTOP, a debugger)
 costs every other writer that long, then "database is locked", which the inbound
 view answers with 503. For a request the bound counts from its arrival
-(`request_arrived`, set by webhooker/edge.py), not from when a thread takes it up:
+(`request_context.request_arrived`, set by the server), not from when a thread takes it up:
 requests queued behind threads that are themselves waiting would otherwise wait
 the whole bound each in turn, the queue's last a few minutes.
 
@@ -30,7 +27,6 @@ web worker's or an admin page's first connection waited behind any write - up to
 the busy timeout behind a stalled one - where WAL readers wait for nothing.
 """
 
-import contextvars
 import fcntl
 import os
 import queue
@@ -41,10 +37,7 @@ import time
 from django.db import OperationalError
 from django.db.backends.sqlite3 import base
 
-# When the request this thread serves arrived (time.monotonic()), if it serves one.
-request_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "request_arrived", default=None
-)
+from webhooker.request_context import request_arrived
 
 
 class DatabaseWrapper(base.DatabaseWrapper):

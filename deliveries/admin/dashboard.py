@@ -12,7 +12,7 @@ from django.db.models.functions import Cast, Substr
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
-from deliveries import health
+from deliveries.admin import health
 from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Target
 
 HOURS = 24

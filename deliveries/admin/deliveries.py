@@ -1,0 +1,217 @@
+"""Deliveries: the list, the page (each attempt's request beside its response), the
+Redeliver and Retry now actions and buttons."""
+
+import functools
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.http import HttpResponseRedirect
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+from unfold.contrib.filters.admin import ChoicesDropdownFilter, RangeDateTimeFilter
+
+from deliveries.admin import search
+from deliveries.admin.base import (
+    CappedCountPaginator,
+    OwnedAdmin,
+    ReadOnlyMixin,
+    confirmed,
+    copyable_code,
+    delivery_buttons,
+    status_badge,
+    when,
+)
+from deliveries.admin.filters import DeliveryWebhookFilter, TargetFilter
+from deliveries.models import Delivery, DeliveryResult, Event
+
+
+def header_rows(lines):
+    rows = format_html_join(
+        "", "<tr><th>{}</th><td><code>{}</code></td></tr>", ((n, v) for n, v in lines)
+    )
+    return format_html('<table class="wh-headers">{}</table>', rows) if rows else "–"
+
+
+def attempt_card(result):
+    """One attempt: what was sent beside what came back."""
+    response_lines = [
+        line.partition(": ")[::2] for line in result.response_headers.splitlines() if line
+    ]
+    outcome = status_badge("delivered" if result.success else "failed")
+    return format_html(
+        '<section class="wh-attempt"><header><strong>Attempt {}</strong> {} '
+        '<span class="wh-quiet">{} · {} ms</span></header>'
+        '<div class="wh-exchange"><div><h4>Request</h4><p><code class="wh-url">POST {}</code></p>'
+        "{}</div><div><h4>Response {}</h4>{}{}{}</div></div></section>",
+        result.attempt,
+        outcome,
+        when(result.created_at),
+        result.duration_ms,
+        result.request_url or "(not recorded)",
+        header_rows(result.request_headers),
+        result.status_code or "",
+        format_html('<p class="wh-error">{}</p>', result.error) if result.error else "",
+        header_rows(response_lines),
+        format_html('<pre class="wh-excerpt">{}</pre>', result.response_body)
+        if result.response_body
+        else "",
+    )
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
+    list_display = [
+        "id",
+        "badge",
+        "webhook",
+        "target",
+        "event_link",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "updated_at",
+    ]
+    list_display_links = ["id"]
+    # Only columns an index orders: any other sort would read every delivery.
+    sortable_by = ["id", "badge", "attempts", "updated_at"]
+    list_select_related = ["target__webhook"]
+    list_filter = [
+        ("status", ChoicesDropdownFilter),
+        ("target__type", ChoicesDropdownFilter),
+        DeliveryWebhookFilter,
+        TargetFilter,
+        ("created_at", RangeDateTimeFilter),
+    ]
+    list_filter_submit = True
+    search_fields = ["=event__code"]
+    search_help_text = "An event's code prefix or its sender's event id."
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    actions = ["redeliver", "retry_now"]
+    fieldsets = [
+        (None, {"fields": ["buttons", ("badge", "attempts", "next_attempt_at")]}),
+        (None, {"fields": [("event_link", "webhook", "target"), ("created_at", "updated_at")]}),
+        ("Attempts", {"fields": ["attempts_view"]}),
+    ]
+    readonly_fields = flatten_fieldsets(fieldsets)
+
+    def get_urls(self):
+        return [
+            path(
+                f"<path:object_id>/{name.replace('_', '-')}/",
+                self.admin_site.admin_view(require_POST(functools.partial(self.act_on_one, name))),
+                name=f"deliveries_delivery_{name}",
+            )
+            for name in ("retry_now", "redeliver")
+        ] + super().get_urls()
+
+    def act_on_one(self, name, request, object_id):
+        """The page buttons: one delivery, no confirmation needed (it is one)."""
+        delivery = self.get_object(request, object_id)  # 404 for others' deliveries
+        one = self.get_queryset(request).filter(pk=delivery.pk)
+        if name == "retry_now":
+            done = one.retry_now()
+            text = "It will be attempted now." if done else "It was not waiting for a retry."
+        else:
+            done = one.redeliver()
+            text = "Queued for redelivery." if done else "It is already on its way."
+        self.message_user(
+            request, f"Delivery {delivery.pk}: {text}", messages.SUCCESS if done else messages.INFO
+        )
+        back = request.GET.get("next", "")
+        if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
+            back = reverse("admin:deliveries_delivery_change", args=[delivery.pk])
+        return HttpResponseRedirect(back)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        events = search.find(Event.objects.all(), term).values("pk")
+        return queryset.filter(event__in=events), False
+
+    @admin.display(description="")
+    def buttons(self, obj):
+        here = reverse("admin:deliveries_delivery_change", args=[obj.pk])
+        return delivery_buttons(obj, here) or "–"
+
+    @admin.display(description="Attempts, newest first")
+    def attempts_view(self, obj):
+        results = obj.results.order_by("-attempt", "-id")[:50]
+        cards = format_html_join("", "{}", ((attempt_card(r),) for r in results))
+        return cards or "No attempt yet."
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # The page's event codes and last status codes: two queries for the page,
+        # where a join and a subquery per row would also weigh on the list's count
+        # and its ordering over a million rows.
+        rows = {d.pk: d for d in changelist.result_list}
+        codes = dict(
+            Event.objects.filter(pk__in={d.event_id for d in rows.values()}).values_list(
+                "pk", "code"
+            )
+        )
+        last = {}
+        for delivery, code in (
+            DeliveryResult.objects.filter(delivery__in=list(rows))
+            .order_by("delivery", "attempt", "id")
+            .values_list("delivery", "status_code")
+        ):
+            last[delivery] = code
+        for delivery in rows.values():
+            delivery.event_code = codes.get(delivery.event_id, "")
+            delivery.last_status_code = last.get(delivery.pk)
+        return changelist
+
+    def lookup_allowed(self, lookup, value, request=None):
+        if lookup in ("status__in",):
+            return True
+        return super().lookup_allowed(lookup, value, request)
+
+    @admin.display(description="Status", ordering="status")
+    def badge(self, obj):
+        return status_badge(obj.status)
+
+    @admin.display(description="Webhook")
+    def webhook(self, obj):
+        return obj.target.webhook
+
+    @admin.display(description="Attempts", ordering="attempts")
+    def attempts(self, obj):
+        return obj.attempts
+
+    @admin.display(description="Event")
+    def event_link(self, obj):
+        url = reverse("admin:deliveries_event_change", args=[obj.event_id])
+        if not hasattr(obj, "event_code"):  # the change page: one delivery
+            obj.event_code = Event.objects.values_list("code", flat=True).get(pk=obj.event_id)
+        return copyable_code(obj.event_code, url)
+
+    @admin.display(description="Last code")
+    def last_status_code(self, obj):
+        code = getattr(obj, "last_status_code", None)
+        return code if code is not None else "–"
+
+    @admin.action(description="Redeliver selected deliveries")
+    @confirmed("deliveries")
+    def redeliver(self, request, queryset):
+        total = queryset.count()
+        queued = queryset.redeliver()
+        skipped = total - queued
+        note = f" {skipped} pending or retrying were already on their way." if skipped else ""
+        self.message_user(
+            request, f"Queued {queued} deliveries for redelivery.{note}", messages.SUCCESS
+        )
+
+    @admin.action(description="Retry now (skip the rest of the backoff)")
+    @confirmed("deliveries")
+    def retry_now(self, request, queryset):
+        total = queryset.count()
+        hurried = queryset.retry_now()
+        message = f"{hurried} deliveries will be attempted now."
+        if total > hurried:
+            message += f" {total - hurried} were not waiting for a retry."
+        self.message_user(request, message, messages.SUCCESS)

@@ -1,0 +1,282 @@
+"""Events: the list (search, outcome per event), the page (deliveries, request,
+headers, body), the body's download and Replay."""
+
+import json
+import re
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.db.models import Count, OuterRef, Subquery
+from django.http import Http404, HttpResponse
+from django.template.defaultfilters import filesizeformat
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from unfold.contrib.filters.admin import RangeDateTimeFilter
+
+from deliveries.admin import search
+from deliveries.admin.base import (
+    CappedCountPaginator,
+    OwnedAdmin,
+    ReadOnlyMixin,
+    confirmed,
+    copyable_code,
+    delivery_buttons,
+    status_badge,
+    when,
+)
+from deliveries.admin.filters import (
+    DeliveryStatusFilter,
+    EntrypointFilter,
+    SearchInFilter,
+    WebhookFilter,
+)
+from deliveries.admin.search import SCAN_ROWS
+from deliveries.models import Delivery, DeliveryResult, Event
+
+OUTCOME_ORDER = ["failed", "retrying", "pending", "delivered", "filtered"]
+
+
+def outcome_badges(counts: dict[str, int]):
+    """'2 of 2 delivered', or one badge per status that is not delivered."""
+    total = sum(counts.values())
+    if not total:
+        return format_html('<span class="wh-quiet">no targets</span>')
+    delivered = counts.get("delivered", 0)
+    if delivered == total:
+        return status_badge("delivered", f"{delivered} of {total} delivered")
+    badges = [
+        status_badge(status, f"{counts[status]} {status}")
+        for status in OUTCOME_ORDER
+        if counts.get(status)
+    ]
+    return format_html_join(" ", "{}", ((badge,) for badge in badges))
+
+
+@admin.register(Event)
+class EventAdmin(ReadOnlyMixin, OwnedAdmin):
+    list_display = [
+        "short_code",
+        "webhook",
+        "kind",
+        "provider_id",
+        "size",
+        "received_at",
+        "outcome",
+    ]
+    list_display_links = None
+    # Only columns an index orders (the code's unique index, event_received_idx).
+    sortable_by = ["short_code", "received_at"]
+    list_select_related = ["webhook"]
+    list_filter = [
+        SearchInFilter,
+        WebhookFilter,
+        EntrypointFilter,
+        ("received_at", RangeDateTimeFilter),
+        DeliveryStatusFilter,
+    ]
+    list_filter_submit = True
+    search_fields = ["=code"]
+    search_help_text = (
+        "A code prefix (8 characters are plenty) or the sender's event id "
+        "(e.g. X-GitHub-Delivery); or, with “search in”, header values or payload text "
+        f"among the {SCAN_ROWS:,} newest events of the date range."
+    )
+    list_before_template = "admin/deliveries/event/search_note.html"
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    actions = ["replay"]
+    fieldsets = [
+        ("Deliveries", {"fields": ["deliveries_table"]}),
+        (None, {"fields": [("code", "received_at"), ("webhook", "entrypoint")]}),
+        ("Sender's event", {"fields": [("event_type", "provider_id"), "received"]}),
+        (
+            "Request",
+            {"fields": [("method", "content_type", "size"), ("remote_addr", "query_string")]},
+        ),
+        ("Headers", {"fields": ["headers_table"]}),
+        ("Body", {"fields": ["body_view"]}),
+    ]
+    readonly_fields = [name for name in flatten_fieldsets(fieldsets) if not isinstance(name, tuple)]
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
+            # The list never shows bodies or headers: don't read megabytes per page.
+            queryset = queryset.defer("body", "headers")
+        return queryset
+
+    def get_urls(self):
+        return [
+            path(
+                "<path:object_id>/body/",
+                self.admin_site.admin_view(self.body_download),
+                name="deliveries_event_body",
+            ),
+            *super().get_urls(),
+        ]
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        where = request.GET.get("search_in")
+        if where in ("headers", "payload"):
+            found, reach = search.scan(queryset, term, where)
+            request.wh_search_scan = {"where": where, "scan": reach}
+            return found, False
+        return search.find(queryset, term), False
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # The outcome of the page's events: one grouped query, not one per row.
+        events = {event.pk: event for event in changelist.result_list}
+        for event in events.values():
+            event.delivery_counts = {}
+        rows = (
+            Delivery.objects.filter(event__in=list(events))
+            .values_list("event", "status")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        for event_id, status, n in rows:
+            events[event_id].delivery_counts[status] = n
+        return changelist
+
+    @admin.display(description="Event", ordering="code")
+    def short_code(self, obj):
+        return copyable_code(obj.code, reverse("admin:deliveries_event_change", args=[obj.pk]))
+
+    @admin.display(description="Type", ordering="event_type")
+    def kind(self, obj):
+        return obj.event_type or "–"
+
+    @admin.display(description="Deliveries")
+    def outcome(self, obj):
+        return outcome_badges(getattr(obj, "delivery_counts", {}))
+
+    @admin.display(description="Received")
+    def received(self, obj):
+        if not obj.provider_id:
+            return "–"
+        if not obj.duplicates:
+            return "once"
+        return f"{obj.duplicates + 1} times (the repeats were answered as duplicates)"
+
+    @admin.display(description="")
+    def deliveries_table(self, obj):
+        deliveries = obj.deliveries.select_related("target").order_by("target__name", "pk")
+        last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
+        deliveries = deliveries.annotate(last_code=Subquery(last.values("status_code")[:1]))
+        here = reverse("admin:deliveries_event_change", args=[obj.pk])
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+            '<td class="wh-buttons">{}</td></tr>',
+            (
+                (
+                    format_html(
+                        '<a href="{}">{}</a>',
+                        reverse("admin:deliveries_delivery_change", args=[d.pk]),
+                        d.target.name,
+                    ),
+                    status_badge(d.status),
+                    d.attempts,
+                    d.last_code or "–",
+                    when(d.next_attempt_at),
+                    when(d.updated_at),
+                    delivery_buttons(d, here),
+                )
+                for d in deliveries
+            ),
+        )
+        if not rows:
+            return "No deliveries: the webhook had no active target when it arrived."
+        return format_html(
+            '<div class="wh-scroll"><table class="wh-table"><thead><tr><th>Target</th>'
+            "<th>Status</th><th>Attempts</th><th>Last code</th><th>Next try</th>"
+            "<th>Last change</th><th></th></tr></thead><tbody>{}</tbody></table></div>",
+            rows,
+        )
+
+    def body_download(self, request, object_id):
+        """The exact bytes as received."""
+        if not self.has_view_permission(request):
+            raise Http404
+        event = self.get_object(request, object_id)  # 404 for junk ids and others' events
+        response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    @admin.display(description="Size", ordering="body_size")
+    def size(self, obj):
+        return filesizeformat(obj.body_size)
+
+    @admin.display(description="Headers")
+    def headers_table(self, obj):
+        rows = format_html_join(
+            "",
+            "<tr><th>{}</th><td><code>{}</code></td></tr>",
+            ((name, header_text(value)) for name, value in obj.headers),
+        )
+        return format_html('<table class="wh-headers">{}</table>', rows)
+
+    @admin.display(description="Body")
+    def body_view(self, obj):
+        body = bytes(obj.body)
+        url = reverse("admin:deliveries_event_body", args=[obj.pk])
+        download = format_html(
+            '<p><a href="{}">Download the exact bytes</a> ({})</p>', url, filesizeformat(len(body))
+        )
+        return format_html("{}{}", download, render_body(body))
+
+    @admin.action(description="Replay selected events to their targets")
+    @confirmed("events")
+    def replay(self, request, queryset):
+        reset, created = queryset.replay()
+        self.message_user(
+            request,
+            f"Queued {reset + created} deliveries: {reset} redelivered, {created} new for "
+            "targets added since.",
+            messages.SUCCESS,
+        )
+
+
+BODY_PREVIEW = 256 * 1024
+# Half of a UTF-16 pair alone: JSON may escape one ("\ud800"), but no UTF-8 page
+# can carry it.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def header_text(value: str) -> str:
+    """A header value as its sender wrote it. The server hands values over as their
+    bytes read as Latin-1 (and they are stored, and forwarded, that way); most
+    senders mean UTF-8, so show that when the bytes are UTF-8."""
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
+def render_body(body: bytes):
+    """Pretty JSON, else text, else a hex view, at most BODY_PREVIEW bytes."""
+    shown = body[:BODY_PREVIEW]
+    cut = "" if len(body) <= BODY_PREVIEW else f"\n… {len(body) - BODY_PREVIEW} more bytes"
+    try:
+        text = shown.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None:
+        try:
+            pretty = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+            pretty = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", pretty)
+            return format_html('<pre class="wh-body wh-json">{}</pre>', pretty[:BODY_PREVIEW])
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to show
+            return format_html('<pre class="wh-body">{}{}</pre>', text, cut)
+    lines = []
+    for offset in range(0, len(shown), 16):
+        chunk = shown[offset : offset + 16]
+        hexes = " ".join(f"{b:02x}" for b in chunk)
+        printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
+        lines.append(f"{offset:08x}  {hexes:<47}  {printable}")
+    return format_html('<pre class="wh-body wh-hex">{}{}</pre>', "\n".join(lines), cut)

@@ -1,0 +1,178 @@
+"""Webhooks: the list with counts and health, the page with entrypoints and targets
+inline."""
+
+import datetime
+
+from django.contrib import admin
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, URLField
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from unfold.admin import TabularInline
+
+from deliveries import ssrf
+from deliveries.admin.base import OwnedAdmin, posted_urls
+from deliveries.admin.filters import HealthFilter
+from deliveries.admin.targets import TargetInline
+from deliveries.models import Delivery, Entrypoint, Event, Webhook
+from deliveries.targets.base import TargetURLField
+
+
+class EntrypointInline(TabularInline):
+    model = Entrypoint
+    # Its URL takes POSTs only: a "View on site" link to it would answer 405.
+    view_on_site = False
+    extra = 0
+    fields = ["inbound_url", "description", "active", "trust", "created_at"]
+    readonly_fields = ["inbound_url", "trust", "created_at"]
+
+    def get_formset(self, request, obj=None, **kwargs):
+        self._request = request  # inline instances are made per request
+        return super().get_formset(request, obj, **kwargs)
+
+    @admin.display(description="Inbound URL")
+    def inbound_url(self, obj):
+        if not obj.pk:
+            return "(shown once saved)"
+        url = obj.inbound_url(self._request)
+        return format_html(
+            '<code class="wh-url">{}</code> <button type="button" class="wh-copy" '
+            'data-copy="{}">Copy</button>',
+            url,
+            url,
+        )
+
+    @admin.display(description="Verification and dedup")
+    def trust(self, obj):
+        if not obj.pk:
+            return "(set once saved)"
+        return format_html(
+            '{} <a href="{}">change</a>',
+            trust_summary(obj),
+            reverse("admin:deliveries_entrypoint_change", args=[obj.pk]),
+        )
+
+
+def trust_summary(entrypoint) -> str:
+    parts = [entrypoint.get_verification_display() if entrypoint.verification != "none" else ""]
+    if entrypoint.dedup:
+        parts.append(f"dedup by {entrypoint.id_source}")
+    return " · ".join(p for p in parts if p) or "none"
+
+
+def _subcount(queryset):
+    """COUNT(*) of `queryset` as a correlated subquery: one per row of the page and
+    no join between events and deliveries multiplying each other's rows."""
+    counted = queryset.order_by().annotate(n=Func(F("pk"), function="COUNT")).values("n")
+    return Subquery(counted[:1], output_field=IntegerField())
+
+
+@admin.register(Webhook)
+class WebhookAdmin(OwnedAdmin):
+    list_display = ["name", "health", "events_24h", "failing", "targets_count", "created_at"]
+    list_filter = [HealthFilter]
+    search_fields = ["name", "description"]
+    inlines = [EntrypointInline, TargetInline]
+    # The alert URL is checked as target URLs are: its scheme typed out.
+    formfield_overrides = {URLField: {"form_class": TargetURLField}}
+
+    class Media:
+        js = ["deliveries/trust.js"]
+
+    def get_list_display(self, request):
+        if request.user.is_superuser:
+            return [*self.list_display[:1], "owner", *self.list_display[1:]]
+        return self.list_display
+
+    def get_fields(self, request, obj=None):
+        fields = ["name", "description", "retention_days", "alert_url"]
+        if request.user.is_superuser:
+            fields.append("owner")
+        return fields
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # The admin validates and saves inside one transaction, which on SQLite holds
+        # the database's write lock: resolve the targets' hosts (SSRF check) before
+        # it starts, so a slow DNS answer never makes the inbound endpoint wait.
+        urls = posted_urls(request.POST)
+        with ssrf.resolved_in_advance(urls):
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        if "owner" in form.base_fields:
+            owner = form.base_fields["owner"]
+            owner.required = False
+            owner.help_text = "Who sees and manages this webhook (empty: you)."
+        return form
+
+    def get_queryset(self, request):
+        since = timezone.now() - datetime.timedelta(hours=24)
+
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("owner")
+            .annotate(
+                events_24h=_subcount(
+                    Event.objects.filter(webhook=OuterRef("pk"), received_at__gte=since)
+                ),
+                failed_24h=_subcount(
+                    Delivery.objects.filter(
+                        target__webhook=OuterRef("pk"), status="failed", updated_at__gte=since
+                    )
+                ),
+                retrying_now=_subcount(
+                    Delivery.objects.filter(target__webhook=OuterRef("pk"), status="retrying")
+                ),
+                targets_count=Count("targets", distinct=True),
+            )
+        )
+
+    def save_model(self, request, obj, form, change):
+        if not obj.owner_id:  # new (the owner field is a superuser's only)
+            obj.owner = request.user
+        super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        super().save_related(request, form, formsets, change)
+        form.instance.ensure_entrypoint()
+
+    @admin.display(description="Health")
+    def health(self, obj):
+        if obj.failed_24h:
+            return format_html(
+                '<span class="wh-dot wh-bad" title="{}">●</span> failing',
+                "failed deliveries in the last 24 h",
+            )
+        if obj.retrying_now:
+            return format_html(
+                '<span class="wh-dot wh-warn" title="{}">●</span> retrying',
+                "deliveries waiting for a retry",
+            )
+        return format_html(
+            '<span class="wh-dot wh-ok" title="{}">●</span> ok', "nothing failed in the last 24 h"
+        )
+
+    @admin.display(description="Events (24 h)", ordering="events_24h")
+    def events_24h(self, obj):
+        return obj.events_24h
+
+    @admin.display(description="Failing", ordering="failed_24h")
+    def failing(self, obj):
+        total = obj.failed_24h + obj.retrying_now
+        if not total:
+            return 0
+        url = reverse("admin:deliveries_delivery_changelist")
+        return format_html(
+            '<a href="{}?webhook={}&status__in=failed,retrying">{} ({} failed, {} retrying)</a>',
+            url,
+            obj.pk,
+            total,
+            obj.failed_24h,
+            obj.retrying_now,
+        )
+
+    @admin.display(description="Targets", ordering="targets_count")
+    def targets_count(self, obj):
+        return obj.targets_count

@@ -1,0 +1,18 @@
+"""What the HTTP front tells the rest about the request it serves, in one neutral
+place: the server (webhooker/edge.py) sets these, the inbound view and the SQLite
+backend read them, and neither imports the other.
+"""
+
+import contextvars
+
+# Keys of the WSGI environ that carry what CGI variables cannot.
+RAW_HEADERS = "webhooker.headers"  # every header line as received, in order
+GONE = "webhooker.gone"  # a threading.Event, set when the sender hangs up
+# When the request was admitted (time.monotonic()).
+ARRIVED = "webhooker.arrived"
+
+# When the request this thread serves arrived (time.monotonic()), if it serves one:
+# the SQLite writer lock's wait counts from it.
+request_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "request_arrived", default=None
+)
