@@ -16,7 +16,7 @@ $(INSTALLED)-run: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e .
 	touch $@
 
-# The suite runs the benchmarks once, tiny (tests/test_bench.py): it needs their extras too.
+# The suite runs the benchmarks once, tiny (tests/e2e/test_bench.py): it needs their extras too.
 $(INSTALLED)-test: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
@@ -32,8 +32,14 @@ run: $(INSTALLED)-run
 	$(PY) manage.py serve
 
 # Tests keep their data (SQLite file, secret key, sockets) apart from `make run`'s.
+# In parallel on TEST_WORKERS (default: one per core), then the serial tests alone
+# (they restart PostgreSQL, or sample timings). Exit code 5 is "nothing selected".
+TEST_WORKERS ?= auto
 test: $(INSTALLED)-test
-	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest $(PYTEST_ARGS)
+	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -n $(TEST_WORKERS) \
+		-m "not serial" $(PYTEST_ARGS)
+	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -m serial $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
 
 lint: $(INSTALLED)-test
 	$(VENV)/bin/ruff check .
@@ -50,7 +56,7 @@ bench: $(INSTALLED)-bench
 bench-admin: $(INSTALLED)-bench
 	$(PY) bench/admin_scale.py
 
-# The fault suite at length on PostgreSQL (tests/faults/suite.py): about 1 000 faults
+# The fault suite at length on PostgreSQL (tests/support/faults/suite.py): about 1 000 faults
 # into real gunicorn and engine processes in under an hour; writes docs/faults.md.
 # `make test` runs a short one (30 faults). CHAOS_FAULTS, CHAOS_INTERVAL, CHAOS_SEED.
 chaos: $(INSTALLED)-test
@@ -58,7 +64,7 @@ chaos: $(INSTALLED)-test
 	DATA_DIR=$(CURDIR)/.pytest-data-pg CHAOS_FAULTS=$${CHAOS_FAULTS:-1000} \
 	CHAOS_INTERVAL=$${CHAOS_INTERVAL:-3.0} CHAOS_TIMEOUT=5400 \
 	CHAOS_REPORT=$(CURDIR)/docs/faults.md \
-	$(PY) -m pytest -s -p no:cacheprovider tests/test_faults.py -k lose_nothing
+	$(PY) -m pytest -s -p no:cacheprovider tests/e2e/test_faults.py -k lose_nothing
 
 clean:
 	rm -rf $(VENV) .pytest-data

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from deliveries import wake
 from deliveries.engine.partitions import fair_share, lock_holders
-from tests.processes import ROOT, free_port, start_engine, wait_until
+from tests.support.processes import ROOT, free_port, start_engine, wait_until
 
 # The latency-bound receiver: real receivers take tens of milliseconds.
 SLOW_SECONDS = 0.05

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 # The processes start as the end-to-end tests start them (tests/processes.py).
 from bench import data, edge, scaleout  # noqa: E402
-from tests.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
+from tests.support.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
 BODY = json.dumps(

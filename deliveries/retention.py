@@ -173,7 +173,7 @@ def _delete(ids) -> tuple[Counter, float]:
     # Plain DELETEs, children first: Django's delete() would load every row into
     # Python to collect cascades, several times the CPU of the statements, on the
     # cores the inbound view needs meanwhile. These three tables are the only ones
-    # pointing at events (tests/test_retention.py holds that); only quoted table
+    # pointing at events (tests/unit/test_retention.py holds that); only quoted table
     # and column names from model metadata are interpolated.
     q = connection.ops.quote_name
     event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
@@ -220,7 +220,7 @@ def _delete_in(ids, removed: Counter, tables, marks: str) -> None:
         # the status in the WHERE, SQLite chose the index of unfinished deliveries
         # for a batch of ten and read every unfinished one in the database each
         # time (60 000 pending deliveries: 166 events pruned a second, inbound p95
-        # 4.3x idle; tests/test_retention.py).
+        # 4.3x idle; tests/unit/test_retention.py).
         cursor.execute(
             f"SELECT event_id, status FROM {delivery} WHERE event_id IN ({marks}){lock}",  # noqa: S608
             ids,

@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group
 
 from deliveries import ssrf
 from deliveries.models import Target, Webhook
-from tests.sink import Sink
+from tests.support.sink import Sink
 
 # Names the tests use, resolved without a network (this machine has none).
 FAKE_DNS = {
@@ -111,6 +111,16 @@ def sink():
     server = Sink().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_data_dir(worker_id):
+    """Under pytest-xdist each worker keeps its engines' wake socket and lock apart
+    (pytest-django gives each worker's test database a suffix of its own)."""
+    if worker_id != "master":
+        path = django_settings.DATA_DIR / worker_id
+        path.mkdir(parents=True, exist_ok=True)
+        django_settings.DATA_DIR = path
 
 
 @pytest.fixture

@@ -1,0 +1,182 @@
+"""A real browser walks the console's whole journey, on a desktop and on a phone.
+
+Create a webhook with two targets, send events, find one by its provider id and
+one by payload text, open a failed delivery, Retry now, and watch it turn
+delivered on the dashboard, which refreshes itself. Screenshots of every step go
+to tests/artifacts/<width>-<step>.png; at 390 px no page scrolls sideways.
+
+Chromium comes from Debian's package (.ci/run installs it), driven by Playwright's
+Python package; Playwright's own browser download is never used.
+"""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import requests
+from django.conf import global_settings
+from django.contrib.auth.models import User
+
+from deliveries.models import Delivery, Entrypoint, Webhook
+from tests.support.processes import start_engine, start_web, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).parents[1] / "artifacts"
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
+
+
+@pytest.fixture
+def browser(monkeypatch):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    # Playwright's sync API keeps an event loop on this thread; the test's own
+    # ORM calls are still plain synchronous ones.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "1")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        yield browser
+        browser.close()
+
+
+class Journey:
+    """The page, plus a screenshot and a no-sideways-scroll check at every step."""
+
+    def __init__(self, page, base, width):
+        self.page, self.base, self.width = page, base, width
+
+    def go(self, path):
+        self.page.goto(self.base + path)
+
+    def step(self, name):
+        self.page.screenshot(path=str(ARTIFACTS / f"{self.width}-{name}.png"), full_page=True)
+        if self.width < 500:
+            scroll = self.page.evaluate("document.documentElement.scrollWidth")
+            assert scroll <= self.width, f"{name}: the page is {scroll} px wide"
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS))
+def test_the_console_journey(viewport, browser, sink, data_dir, settings):
+    width, height = VIEWPORTS[viewport]
+    # The gunicorn process checks the password with the real hashers.
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    User.objects.create_superuser("admin", password="browser-pw-123!")
+    # A failed attempt waits a minute for its retry: long enough that only the
+    # Retry now button can bring it forward within the test.
+    env = {"DELIVERY_POLL_INTERVAL": "0.2", "DELIVERY_BACKOFF_BASE": "60"}
+    web, base = start_web(data_dir, workers=1, **env)
+    engine = start_engine(data_dir, **env)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.set_default_timeout(20_000)
+    journey = Journey(page, base, width)
+    sink.respond("/flaky", 503)  # the second target fails once, then answers 200
+    try:
+        journey.go("/admin/login/")
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "browser-pw-123!")
+        page.click("[type=submit]")
+        page.wait_for_selector("#wh-dashboard")
+        journey.step("1-dashboard")
+
+        # A webhook with two targets, through the form.
+        journey.go("/admin/deliveries/webhook/add/")
+        page.fill("#id_name", "From the browser")
+        for n, (name, path) in enumerate([("steady", "/steady"), ("flaky", "/flaky")]):
+            page.click("#targets-group a.add-row")
+            page.fill(f"#id_targets-{n}-name", name)
+            page.select_option(f"#id_targets-{n}-type", "http")
+            page.fill(f"#id_targets-{n}-url", sink.url(path))
+            page.fill(f"#id_targets-{n}-max_retries", "3")
+        journey.step("2-webhook-form")
+        page.click("[name=_continue]")
+        page.wait_for_selector(".wh-url")
+        inbound = page.inner_text(".wh-url")
+        hook = Webhook.objects.get(name="From the browser")
+        assert inbound == f"{base}/webhook/{hook.entrypoints.get().code}"
+        journey.step("3-webhook")
+
+        # Events: the sender's id read from X-GitHub-Delivery.
+        Entrypoint.objects.filter(webhook=hook).update(dedup_source="header:X-GitHub-Delivery")
+        sent = {}
+        for n, customer in enumerate(["cus_alpha", "cus_needle", "cus_omega"]):
+            response = requests.post(
+                inbound,
+                json={"customer": customer},
+                headers={"X-GitHub-Event": "push", "X-GitHub-Delivery": f"gh-{n}"},
+                timeout=10,
+            )
+            assert response.status_code == 200
+            sent[customer] = response.json()["event"]
+        sink.wait_for(3, "/steady", timeout=20)
+        wait_until(
+            lambda: Delivery.objects.filter(target__name="flaky", status="retrying").count() == 1,
+            message="one of the flaky target's deliveries retrying",
+        )
+
+        # Find one by its provider id, one by payload text.
+        journey.go("/admin/deliveries/event/")
+        page.fill("#searchbar", "gh-1")
+        page.keyboard.press("Enter")
+        page.wait_for_url("**q=gh-1**")
+        listed = page.inner_text("#result_list")
+        assert sent["cus_needle"][:8] in listed and sent["cus_alpha"][:8] not in listed
+        journey.step("4-found-by-provider-id")
+        journey.go("/admin/deliveries/event/?search_in=payload&q=cus_omega")
+        assert "Searched the payload of the 3 newest events" in page.inner_text("#wh-search-note")
+        listed = page.inner_text("#result_list")
+        assert sent["cus_omega"][:8] in listed and sent["cus_needle"][:8] not in listed
+        assert "push" in listed
+        journey.step("5-found-by-payload")
+
+        # The event whose flaky delivery met the 503 (deliveries of the three events
+        # race each other to the sink): its deliveries first, that one waiting.
+        first = str(Delivery.objects.get(target__name="flaky", status="retrying").event.code)
+        journey.go(f"/admin/deliveries/event/?q={first[:8]}")
+        page.click(f"#result_list a:text('{first[:8]}')")
+        page.wait_for_selector(".wh-table")
+        assert "retrying" in page.inner_text(".wh-table").lower()
+        journey.step("6-event")
+        page.click(".wh-table a:text('flaky')")
+        page.wait_for_selector(".wh-attempt")
+        assert "Response 503" in page.inner_text(".wh-attempt")
+        journey.step("7-delivery")
+
+        # Retry now, then watch the dashboard, which refreshes itself.
+        with page.expect_navigation():  # the button posts, then the page comes back
+            page.click("button:text('Retry now')")
+        page.wait_for_selector("text=It will be attempted now.")
+        journey.go("/admin/")
+        # A mark on the page that a reload would wipe: the figures change under it.
+        page.evaluate("window.stayed = document.getElementById('wh-dashboard').dataset.updated")
+        page.wait_for_function(
+            "document.getElementById('wh-dashboard').dataset.updated !== window.stayed"
+            " && document.getElementById('wh-count-delivered').textContent.trim() === '6'",
+            timeout=30_000,
+        )
+        assert "running" in page.inner_text("#wh-engine")
+        journey.step("8-dashboard-delivered")
+        flaky = Delivery.objects.get(target__name="flaky", event__code=first)
+        assert (flaky.status, flaky.attempts) == ("delivered", 2)
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / f"{width}-failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+        engine.stop()
+        web.stop()
+    assert len(sink.requests("/flaky")) == 4  # 503, then 200 for all three

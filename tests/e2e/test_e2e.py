@@ -1,0 +1,190 @@
+"""End to end with real processes: gunicorn, rundelivery and a local sink."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import requests
+from django.db import connection
+
+from deliveries.models import Delivery, EngineStatus
+from tests.support.processes import (
+    Process,
+    free_port,
+    post_events,
+    process_env,
+    start_engine,
+    start_web,
+    wait_answering,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+
+FAST = {"DELIVERY_POLL_INTERVAL": "0.2", "DELIVERY_BACKOFF_BASE": "0.05"}
+
+
+def unfinished():
+    return Delivery.objects.unfinished().count()
+
+
+def test_kill_9_loses_nothing_and_duplicates_only_what_was_in_flight(
+    entrypoint, make_target, sink, data_dir
+):
+    make_target(url=sink.url("/a"), name="a", max_retries=3)
+    make_target(url=sink.url("/b"), name="b", max_retries=3)
+    sink.delays["/a"] = sink.delays["/b"] = 0.01
+    web, base = start_web(data_dir, **FAST)
+    engine = start_engine(data_dir, **FAST)
+    try:
+        codes = post_events(base, entrypoint, 300)
+        wait_until(lambda: len(sink.requests()) >= 150, timeout=120, message="half delivered")
+        engine.send(signal.SIGKILL)
+        assert engine.wait() == -signal.SIGKILL
+
+        # Let requests already on the wire land, then see which were sent but
+        # never recorded: exactly the attempts in flight at the kill.
+        def settled(previous=[-1]):
+            now = len(sink.requests())
+            done, previous[0] = now == previous[0], now
+            return done
+
+        wait_until(settled, timeout=10, interval=0.3, message="sink to settle")
+        received = {(r.path, r.headers["X-Webhooker-Event"]) for r in sink.requests()}
+        pending = {
+            ("/" + name, str(code))
+            for name, code in Delivery.objects.unfinished().values_list(
+                "target__name", "event__code"
+            )
+        }
+        in_flight = len(received & pending)
+        assert unfinished() > 0, "the kill came too late to test anything"
+
+        engine = start_engine(data_dir, **FAST)
+        wait_until(lambda: unfinished() == 0, timeout=120, message="every delivery finished")
+
+        if connection.vendor == "sqlite":  # on PostgreSQL engines share partitions
+            second = start_engine(data_dir)
+            assert second.wait(30) != 0
+            assert f"pid {engine.pid}" in second.log()
+
+        assert engine.stop(signal.SIGTERM) == 0
+    finally:
+        web.stop()
+        engine.stop(signal.SIGKILL)
+
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
+    seen = Counter((r.path, r.headers["X-Webhooker-Event"]) for r in sink.requests())
+    assert set(seen) == {(path, code) for path in ("/a", "/b") for code in codes}
+    duplicates = sum(seen.values()) - len(seen)
+    assert duplicates <= in_flight
+    assert "Traceback" not in engine.log()
+
+
+def test_sigterm_lets_the_running_attempt_finish_and_exits_0(
+    entrypoint, make_target, sink, data_dir
+):
+    make_target(url=sink.url("/slow"), name="slow")
+    sink.delays["/slow"] = 1.5
+    web, base = start_web(data_dir, workers=1, **FAST)
+    engine = start_engine(data_dir, **FAST)
+    try:
+        post_events(base, entrypoint, 1)
+        sink.wait_for(1, "/slow", timeout=30)
+        engine.send(signal.SIGTERM)
+        assert engine.wait(30) == 0
+    finally:
+        web.stop()
+        engine.stop(signal.SIGKILL)
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts) == ("delivered", 1)
+    status = EngineStatus.objects.get()
+    assert status.stopped_at is not None and status.inflight == 0
+
+
+def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, sink, data_dir):
+    """With the poll at 30 s, only the hint can deliver within the test's time."""
+    make_target(url=sink.url("/w"), name="w")
+    slow_poll = {"DELIVERY_POLL_INTERVAL": "30"}
+    web, base = start_web(data_dir, workers=1, **slow_poll)
+    engine = start_engine(data_dir, **slow_poll)
+    try:
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
+            message="engine heartbeat",
+        )
+        post_events(base, entrypoint, 3)
+        sink.wait_for(3, "/w", timeout=15)
+    finally:
+        web.stop()
+        assert engine.stop(signal.SIGTERM) == 0
+
+
+def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):
+    port = free_port()
+    env = process_env(data_dir, WEBHOOKER_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY=1)
+    serve = Process([sys.executable, "manage.py", "serve"], env, data_dir / "serve.log")
+    try:
+        wait_answering(f"http://127.0.0.1:{port}/admin/login/", serve)
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
+        )
+        children = subprocess.run(
+            ["pgrep", "-P", str(serve.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) == 2
+        serve.send(signal.SIGINT)
+        returncode = serve.wait(60)
+    finally:
+        serve.stop(signal.SIGKILL)
+    assert returncode == 0, serve.log()
+    for pid in children:
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), f"{pid} left running"
+    assert re.search(r"finishing running attempts", serve.log())
+
+
+def _zombie(pid):
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split()[2] == "Z"
+
+
+def test_once_delivers_what_is_outstanding_and_exits(entrypoint, make_target, sink, data_dir):
+    from tests.support.engines import store
+
+    make_target(url=sink.url("/once"), name="once")
+    store(entrypoint, n=25)
+    engine = start_engine(data_dir, "--once")
+    assert engine.wait(60) == 0, engine.log()
+    engine.stop()
+    assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
+    assert len(sink.requests("/once")) == 25
+
+
+def test_serve_restarts_an_engine_that_dies_and_keeps_the_web_side(entrypoint, data_dir):
+    port = free_port()
+    env = process_env(data_dir, WEBHOOKER_BIND=f"127.0.0.1:{port}", WEB_CONCURRENCY=1)
+    serve = Process([sys.executable, "manage.py", "serve"], env, data_dir / "serve.log")
+    url = f"http://127.0.0.1:{port}/webhook/{entrypoint.code}"
+    try:
+        wait_answering(f"http://127.0.0.1:{port}/admin/login/", serve)
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
+        )
+        first = EngineStatus.objects.get(stopped_at=None).pid
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "engine-0 started again" in serve.log(), message="the restart")
+        assert f"engine-0 exited with code -{int(signal.SIGKILL)}" in serve.log()
+        wait_until(
+            lambda: EngineStatus.objects.exclude(pid=first).filter(stopped_at=None).exists(),
+            message="the new engine's heartbeat",
+        )
+        assert requests.post(url, json={}, timeout=30).status_code == 200
+        assert serve.popen.poll() is None
+        serve.send(signal.SIGINT)
+        assert serve.wait(60) == 0, serve.log()
+    finally:
+        serve.stop(signal.SIGKILL)
