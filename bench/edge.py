@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -32,48 +31,45 @@ def latencies(port, path, body, rate, seconds, threads=8, timeout=30.0):
 
     Unlike suite.fixed_rate, a refusal (503) or a timeout is a result, not an error.
     """
-    total = max(1, int(rate * seconds))
-    start = time.monotonic() + 0.1
-    lock = threading.Lock()
-    counter = iter(range(total))
-    results = []
+    # Here, not at the top: the Trickler runs this file as a script, outside the package.
+    from bench import load
 
-    def run():
-        conn = None
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                break
-            due = start + i / rate
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-                conn.request("POST", path, body, {"Content-Type": "application/json"})
-                response = conn.getresponse()
-                response.read()
-                status = response.status
-                if response.getheader("Connection", "").lower() == "close":
-                    conn.close()
-                    conn = None
-            except OSError:
-                status = 0
-                if conn is not None:
-                    conn.close()
-                conn = None
-            with lock:
-                results.append(((time.monotonic() - due) * 1000, status))
-        if conn is not None:
-            conn.close()
+    return load.open_loop(
+        rate,
+        seconds,
+        threads=threads,
+        lead=0.1,
+        sender=lambda: _Poster(port, path, body, timeout),
+    )
 
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return results
+
+class _Poster:
+    """One thread's connection; a failure is status 0, and a new connection next."""
+
+    def __init__(self, port, path, body, timeout):
+        self.port, self.path, self.body, self.timeout = port, path, body, timeout
+        self.conn = None
+
+    def __call__(self, due):
+        try:
+            self.conn = self.conn or http.client.HTTPConnection(
+                "127.0.0.1", self.port, timeout=self.timeout
+            )
+            self.conn.request("POST", self.path, self.body, {"Content-Type": "application/json"})
+            response = self.conn.getresponse()
+            response.read()
+            status = response.status
+            if response.getheader("Connection", "").lower() == "close":
+                self.close()
+        except OSError:
+            status = 0
+            self.close()
+        return (time.monotonic() - due) * 1000, status
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
 
 
 class Trickler:

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# The processes start as the end-to-end tests start them (tests/processes.py).
-from bench import data, edge, scaleout  # noqa: E402
+# The processes start as the end-to-end tests start them (tests/support/processes.py).
+from bench import data, edge, load, scaleout  # noqa: E402
 from tests.support.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
@@ -224,26 +224,13 @@ def median_ratio(runs, baselines, *, by_cpu=False):
 
 
 def fixed_rate(port, path, rate, seconds, threads=16):
-    """Open-loop load at `rate` requests/s: latency counts from the scheduled send
-    time, so a slow answer cannot hide the queueing it causes. Returns
-    [(scheduled latency ms, answer time, response json)]."""
-    total = max(1, int(rate * seconds))
-    start = time.monotonic() + 0.2
-    lock = threading.Lock()
-    counter = iter(range(total))
-    results = []
+    """Open-loop load at `rate` requests/s (bench/load.py). Returns [(scheduled
+    latency ms, answer time, response json)]; any answer but 200 is an error."""
 
-    def run():
+    def sender():
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        while True:
-            with lock:
-                i = next(counter, None)
-            if i is None:
-                break
-            due = start + i / rate
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
+
+        def send(due):
             conn.request("POST", path, BODY, {"Content-Type": "application/json"})
             response = conn.getresponse()
             data = response.read()
@@ -251,16 +238,12 @@ def fixed_rate(port, path, rate, seconds, threads=16):
             latency = (time.monotonic() - due) * 1000
             if response.status != 200:
                 raise RuntimeError(f"status {response.status}: {data[:200]}")
-            with lock:
-                results.append((latency, answered, json.loads(data)))
-        conn.close()
+            return latency, answered, json.loads(data)
 
-    workers = [threading.Thread(target=run) for _ in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return results
+        send.close = conn.close
+        return send
+
+    return load.open_loop(rate, seconds, threads=threads, lead=0.2, sender=sender)
 
 
 def backlog(webhook, target, n):
