@@ -42,14 +42,6 @@ def log(message):
     print(f"# {message}", file=sys.stderr, flush=True)
 
 
-def percentile(values, p):
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
-    return values[k]
-
-
 class Nginx:
     """The sink: answers 200 at once, logs the receipt time of every event."""
 
@@ -448,8 +440,8 @@ def main():
         lat = [
             r[0] for r in fixed_rate(port, f"/webhook/{code}", figures["ingest_rps"] / 2, SECONDS)
         ]
-        figures["ingest_p50_ms"] = percentile(lat, 50)
-        figures["ingest_p99_ms"] = percentile(lat, 99)
+        figures["ingest_p50_ms"] = edge.percentile(lat, 50)
+        figures["ingest_p99_ms"] = edge.percentile(lat, 99)
 
         # --- the edge under hostile load (bench/edge.py) ------------------------
         from deliveries.models import Event
@@ -508,8 +500,8 @@ def main():
         e2e_code = out_hook.entrypoints.get().code
         log("end to end at idle (one event every 50 ms)")
         idle = e2e(port, f"/webhook/{e2e_code}", sink, 20, max(2.0, SECONDS / 2), threads=1)
-        figures["e2e_p50_ms"] = percentile(idle, 50)
-        figures["e2e_p99_ms"] = percentile(idle, 99)
+        figures["e2e_p50_ms"] = edge.percentile(idle, 50)
+        figures["e2e_p99_ms"] = edge.percentile(idle, 99)
         log("end to end: the sustained rate (posting as fast as answered), then at half of it")
         figures["e2e_sustained_rps"] = edge.sustained_e2e(
             port, f"/webhook/{e2e_code}", BODY, SECONDS, sink
@@ -522,8 +514,8 @@ def main():
             SECONDS,
             threads=32,
         )
-        figures["e2e_load_p50_ms"] = percentile(load, 50)
-        figures["e2e_load_p99_ms"] = percentile(load, 99)
+        figures["e2e_load_p50_ms"] = edge.percentile(load, 50)
+        figures["e2e_load_p99_ms"] = edge.percentile(load, 99)
         engine.stop()
         engine = None
 
@@ -599,7 +591,7 @@ def celery(data_dir, webhook_factory, sink, port, n, delivery_rps):
         worker.stop()
     return {
         "celery_rps": rps,
-        "celery_e2e_p50_ms": percentile(idle, 50),
+        "celery_e2e_p50_ms": edge.percentile(idle, 50),
         "vs_celery_ratio": delivery_rps / rps,
     }
 
