@@ -294,7 +294,7 @@ def vacuum_between_phases():
     phase here either."""
     from django.db import connection
 
-    from deliveries.engine.partitions import autovacuum_off
+    from deliveries.engine.partition_manager import autovacuum_off
 
     if connection.vendor != "postgresql":
         return

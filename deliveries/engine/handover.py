@@ -1,5 +1,5 @@
 """What taking, handing over and losing partitions does to the engine's work in
-memory. `partitions.PartitionManager` decides when (the locks, the epochs, the
+memory. `partition_manager.PartitionManager` decides when (the locks, the epochs, the
 lease); this module does it, and is the one writer of the engine's `Partitions`.
 
 * take: the partitions become claimable under their new epochs, then the at-start

@@ -60,7 +60,7 @@ def open_raw_connection(using="default", *, deadline: float | None = None):
     for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
         params.pop(key, None)
     # Keepalives notice a vanished server within seconds instead of the kernel's
-    # two hours (partitions.PartitionManager sets the server's side too).
+    # two hours (partition_manager.PartitionManager sets the server's side too).
     params.setdefault("keepalives", 1)
     params.setdefault("keepalives_idle", 5)
     params.setdefault("keepalives_interval", 2)

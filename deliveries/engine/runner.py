@@ -161,7 +161,7 @@ class Runner:
     # Seconds between two looks for alerts to raise and send.
     ALERTS = 1.0
     # The intake loop or the writer not turning for this long means the engine is
-    # stuck (partitions.PartitionManager then lets its partitions go).
+    # stuck (partition_manager.PartitionManager then lets its partitions go).
     STALL_AFTER = 30.0
     # Retention runs a minute after start, then daily.
     PRUNE_FIRST = 60.0
@@ -171,7 +171,7 @@ class Runner:
         self.engine = engine
         # The wake hint's listener (wakeup.py), started and stopped with the engine.
         self.listener = listener
-        # partitions.PartitionManager on PostgreSQL; its lock connection is closed
+        # partition_manager.PartitionManager on PostgreSQL; its lock connection is closed
         # (its locks released) last, once every result is written.
         self.manager = manager
         self.workers = Workers(engine)

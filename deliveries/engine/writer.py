@@ -278,7 +278,7 @@ def _postgresql_statement() -> str:
     fence = "fence_partition integer, fence_epoch bigint"
     return (
         # The fence: the partitions' current epochs, each row held FOR SHARE until
-        # this statement commits. A take (partitions.TAKE) updates the row, so it
+        # this statement commits. A take (partition_manager.TAKE) updates the row, so it
         # waits for this write, and the new owner's recovery, which reads after its
         # take, sees the write; a write behind a take reads the new epoch (READ
         # COMMITTED re-reads a locked row's latest version) and changes nothing.

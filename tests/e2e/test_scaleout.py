@@ -15,12 +15,8 @@ import requests
 from django.db import connection, transaction
 
 from deliveries.engine.lock import open_raw_connection
-from deliveries.engine.partitions import (
-    LOCK_NAMESPACE,
-    fair_share,
-    lock_holders,
-    record_partition_count,
-)
+from deliveries.engine.partition_manager import record_partition_count
+from deliveries.engine.partitions import LOCK_NAMESPACE, fair_share, lock_holders
 from deliveries.models import Delivery, Target, Webhook
 from tests.support.engines import store
 from tests.support.processes import (

@@ -11,7 +11,8 @@ from django.db import connection
 from deliveries.engine.handover import Handover
 from deliveries.engine.lease import Lease
 from deliveries.engine.lock import open_raw_connection
-from deliveries.engine.partitions import LOCK_NAMESPACE, PartitionManager, Partitions
+from deliveries.engine.partition_manager import PartitionManager
+from deliveries.engine.partitions import LOCK_NAMESPACE, Partitions
 from deliveries.engine.writer import Written
 from deliveries.models import Delivery, DeliveryResult, EngineStatus, Partition
 from tests.support.clock import FakeClock

@@ -8,17 +8,19 @@ from django.db import connection
 
 from deliveries.engine.handover import Handover
 from deliveries.engine.lock import open_raw_connection
-from deliveries.engine.partitions import (
+from deliveries.engine.partition_manager import (
     PartitionManager,
+    check_session,
+    record_partition_count,
+    warn_without_autovacuum,
+)
+from deliveries.engine.partitions import (
     PartitionMismatch,
     Partitions,
     SessionUnsupported,
-    check_session,
     fair_share,
     lock_holders,
     plan,
-    record_partition_count,
-    warn_without_autovacuum,
 )
 from deliveries.models import Delivery, EngineCluster
 from tests.support.engines import make_engine, pump, store

@@ -14,14 +14,12 @@ from deliveries.engine.core import Engine
 from deliveries.engine.handover import Handover
 from deliveries.engine.lease import Lease
 from deliveries.engine.lock import EngineLock, EngineLocked, open_raw_connection
-from deliveries.engine.partitions import (
+from deliveries.engine.partition_manager import (
     PartitionManager,
-    PartitionMismatch,
-    Partitions,
-    SessionUnsupported,
     record_partition_count,
     warn_without_autovacuum,
 )
+from deliveries.engine.partitions import PartitionMismatch, Partitions, SessionUnsupported
 from deliveries.engine.runner import Runner
 from deliveries.engine.wakeup import PostgresListener, SocketListener
 from deliveries.wake import socket_path
