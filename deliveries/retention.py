@@ -13,7 +13,7 @@ hold up no inbound request), its events are chosen before the write transaction
 batch held the lock, so writers waiting for it get at least half of the time.
 
 Space: deleted rows leave free pages inside the SQLite file. A database created
-with PRAGMA auto_vacuum=INCREMENTAL (the backend, webhooker/sqlite, sets it on a
+with PRAGMA auto_vacuum=INCREMENTAL (the backend, webhooker/db/sqlite, sets it on a
 new file; SQLite only applies it to a file that has no tables yet) gives them back
 to the file system after each prune, a few megabytes per short transaction. A file
 created before that keeps its free pages for reuse until `pruneevents --vacuum` rebuilds

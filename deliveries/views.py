@@ -152,7 +152,7 @@ def _header_lookup(environ):
 def request_headers(environ) -> list[list[str]]:
     """Every header line as received, in order, as [name, value].
 
-    The edge (webhooker/edge.py) hands over the raw lines: repeated headers stay
+    The edge (webhooker/server/) hands over the raw lines: repeated headers stay
     apart, names keep their spelling and names with "_" are kept. Without it
     (Django's test client, another WSGI server) the CGI variables are all there is.
     """

@@ -1,5 +1,5 @@
 """The web side as gunicorn serves it (gunicorn.conf.py): Django's WSGI application
-behind the event-loop front in webhooker/edge.py."""
+behind the event-loop front in webhooker/server/."""
 
 import os
 
@@ -13,7 +13,7 @@ django_application = get_wsgi_application()
 def _build():
     from django.conf import settings
 
-    from webhooker.edge import Edge
+    from webhooker.server.bridge import Edge
 
     return Edge(
         django_application,

@@ -1,7 +1,7 @@
 """gunicorn settings for webhooker's web side (`make run` and the benchmarks).
 
 The inbound endpoint faces the internet, so every request limit here is chosen,
-not inherited. The workers are uvicorn's (webhooker/edge.py): an event loop reads
+not inherited. The workers are uvicorn's (webhooker/server/): an event loop reads
 requests, so slow or idle senders cannot occupy the threads that run Django.
 """
 
@@ -11,7 +11,7 @@ import os
 _prod = os.environ.get("WEBHOOKER_ENVIRONMENT", "dev").strip().lower() == "prod"
 
 bind = os.environ.get("WEBHOOKER_BIND", "0.0.0.0:8080" if _prod else "127.0.0.1:8080")
-worker_class = "webhooker.edge.Worker"
+worker_class = "webhooker.server.worker.Worker"
 workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count() + 1))
 # Threads per worker and the admission queue are Django settings (WEB_THREADS,
 # WEB_QUEUE): the application, not gunicorn, owns them under this worker class.
@@ -22,7 +22,7 @@ graceful_timeout = 30
 keepalive = 5
 
 # Request-line and header limits, and the deadline for a request's head, are
-# enforced by webhooker.edge.Protocol: uvicorn ignores gunicorn's limit_request_*.
+# enforced by webhooker.server.protocol.Protocol: uvicorn ignores gunicorn's limit_request_*.
 
 accesslog = "-"
 errorlog = "-"

@@ -1,5 +1,5 @@
 """What the HTTP front tells the rest about the request it serves, in one neutral
-place: the server (webhooker/edge.py) sets these, the inbound view and the SQLite
+place: the server (webhooker/server/) sets these, the inbound view and the SQLite
 backend read them, and neither imports the other.
 """
 
@@ -10,6 +10,10 @@ RAW_HEADERS = "webhooker.headers"  # every header line as received, in order
 GONE = "webhooker.gone"  # a threading.Event, set when the sender hangs up
 # When the request was admitted (time.monotonic()).
 ARRIVED = "webhooker.arrived"
+# Key of the ASGI scope with the header names as the client spelled them (uvicorn
+# lower-cases scope["headers"]), one per line, in order: set by the protocol, read by
+# the bridge.
+HEADER_NAMES = "webhooker.header_names"
 
 # When the request this thread serves arrived (time.monotonic()), if it serves one:
 # the SQLite writer lock's wait counts from it.

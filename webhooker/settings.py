@@ -233,8 +233,8 @@ except (ValueError, KeyError) as exc:
 _engine = DATABASES["default"].get("ENGINE")
 if _engine == "django.db.backends.sqlite3":
     _sqlite_busy = _number("SQLITE_BUSY_TIMEOUT", 20.0, cast=float, minimum=0)
-    # Django's backend plus a file lock that queues writers (webhooker/sqlite).
-    DATABASES["default"]["ENGINE"] = "webhooker.sqlite"
+    # Django's backend plus a file lock that queues writers (webhooker/db/sqlite).
+    DATABASES["default"]["ENGINE"] = "webhooker.db.sqlite"
     DATABASES["default"]["OPTIONS"] = {
         # IMMEDIATE takes the write lock at BEGIN, so a transaction never has to
         # upgrade a read lock to a write lock mid-way: that upgrade is what makes
@@ -247,7 +247,7 @@ if _engine == "django.db.backends.sqlite3":
         # at every commit: a 200 from the inbound view promises the event survives a
         # power cut. NORMAL (SQLITE_SYNCHRONOUS) only promises it survives a crash
         # of the process, for more events per second (bench/RESULTS.md).
-        # A new file also gets incremental auto-vacuum (webhooker/sqlite).
+        # A new file also gets incremental auto-vacuum (webhooker/db/sqlite).
         "init_command": (
             "PRAGMA journal_mode=WAL;"
             f"PRAGMA synchronous={_choice('SQLITE_SYNCHRONOUS', 'full', ('full', 'normal'))};"
@@ -257,8 +257,8 @@ if _engine == "django.db.backends.sqlite3":
     }
     DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_webhooker.sqlite3")}
 elif _engine in ("django.db.backends.postgresql",):
-    # Django's backend with a health check that costs no round trip (webhooker/postgresql).
-    DATABASES["default"]["ENGINE"] = "webhooker.postgresql"
+    # Django's backend with a health check that costs no round trip (webhooker/db/postgresql).
+    DATABASES["default"]["ENGINE"] = "webhooker.db.postgresql"
     DATABASES["default"].setdefault("OPTIONS", {})
 else:
     raise ImproperlyConfigured(
@@ -311,7 +311,7 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # --- Inbound --------------------------------------------------------------------
 WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1)
-# Seconds a client has to send a whole request body: the event loop (webhooker/edge.py)
+# Seconds a client has to send a whole request body: the event loop (webhooker/server/)
 # reads it, so a slow sender costs a connection, never a thread; past this, 408.
 WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, minimum=0.1)
 # Threads running Django in each web worker, and requests allowed to wait for one
@@ -320,7 +320,7 @@ WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, min
 WEB_THREADS = _number("WEB_THREADS", 4, minimum=1)
 WEB_QUEUE = _number("WEB_QUEUE", 32, minimum=0)
 # Bytes of request bodies a web worker holds in memory at once, beyond each body's
-# first 64 KiB (webhooker/edge.py, SMALL_BODY); past them, 503 with Retry-After at
+# first 64 KiB (webhooker/server/bridge.py, SMALL_BODY); past them, 503 with Retry-After at
 # once. A body larger than this is still served when it is the only one.
 WEB_BODY_BUFFER = _number("WEB_BODY_BUFFER", 64 * 1024 * 1024, minimum=1)
 WEBHOOKER_PUBLIC_URL = env.str("WEBHOOKER_PUBLIC_URL", default="").rstrip("/")

@@ -4,7 +4,7 @@
   re-checked by the very statement that stores the event;
 - `statements`: every statement, named and built once per database vendor;
 - `store`: `store_event`, one statement on PostgreSQL, a group-committed
-  transaction on SQLite (webhooker.sqlite.group_commit).
+  transaction on SQLite (webhooker.db.sqlite.group_commit).
 
 What a sender's request says about itself (its event type, its event id) is read
 by the verification presets (deliveries.verification).

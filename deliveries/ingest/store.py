@@ -21,7 +21,7 @@ from deliveries import verification, wake
 from deliveries.ingest import statements as queries
 from deliveries.ingest.entrypoints import Inbound
 from deliveries.models import Delivery, Event
-from webhooker.sqlite.group_commit import group_commit
+from webhooker.db.sqlite.group_commit import group_commit
 
 
 class SenderGone(Exception):
@@ -144,7 +144,7 @@ def _store_postgresql(insert: _Insert, code, params, gone) -> Stored:
 
 def _store_sqlite(insert: _Insert, code, values, delivery_values, gone) -> Stored:
     """Two statements in a transaction shared with the process's concurrent events
-    (webhooker.sqlite.group_commit), or in the caller's own."""
+    (webhooker.db.sqlite.group_commit), or in the caller's own."""
 
     def store() -> Stored:
         with connection.cursor() as cursor:

@@ -130,7 +130,7 @@ def test_prod_turns_debug_off(load):
 
 def test_database_url_switches_to_postgresql(load):
     loaded = load(DATABASE_URL="postgres://postgres@127.0.0.1:5432/test")
-    assert loaded["DATABASES"]["default"]["ENGINE"] == "webhooker.postgresql"
+    assert loaded["DATABASES"]["default"]["ENGINE"] == "webhooker.db.postgresql"
 
 
 def test_secret_key_is_generated_once_and_reused(load, tmp_path):

@@ -1,4 +1,4 @@
-"""The inbound edge under hostile load (webhooker/edge.py): slow senders, floods,
+"""The inbound edge under hostile load (webhooker/server/): slow senders, floods,
 stalled writers, full disks, senders that hang up, and requests kept as received."""
 
 import contextlib

@@ -1,4 +1,4 @@
-"""Group commit (webhooker.sqlite.group_commit): concurrent inbound events in one process share
+"""Group commit (webhooker.db.sqlite.group_commit): concurrent inbound events in one process share
 one SQLite transaction, each still answered only after its own rows are committed."""
 
 import os
@@ -13,7 +13,7 @@ from django.db import IntegrityError, OperationalError, connection, connections,
 
 from deliveries.models import Event
 from tests.support.processes import start_web, wait_until
-from webhooker.sqlite.group_commit import GroupCommit
+from webhooker.db.sqlite.group_commit import GroupCommit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,26 +1,6 @@
-"""The web side's front: requests are read by an event loop, handled by a few threads.
-
-gthread workers read each request body on one of their few threads, so twelve
-senders trickling bodies held every thread and stopped all ingest. Here gunicorn
-runs uvicorn's worker, whose event loop reads every request - headers and whole
-body, each under a deadline - and only a complete request reaches Django, on a
-small pool of threads, as a buffering proxy in front would arrange. A slow sender
-costs a connection and a few kilobytes, never a thread.
-
-Django runs behind it as the WSGI application it always was, not through its
-ASGIHandler: that handler gives every request a thread of its own, with a fresh
-database connection each time and no bound on how many; the pool here keeps
-`threads` threads and their persistent connections (CONN_MAX_AGE).
-
-Admission is bounded: past `threads + queue` requests in this worker, a request is
-answered 503 with Retry-After at once, from the event loop, so a flood is shed in
-microseconds per request and the backlog a worker can build is `queue` requests
-deep, which is why it recovers as soon as the flood stops.
-
-A sender that hangs up is "gone": its request is skipped if it has not started,
-and the inbound view checks just before COMMIT (environ["webhooker.gone"]), so an
-event is never stored for a sender that saw a timeout and will send it again.
-"""
+"""An ASGI application in front of a WSGI one: each request read whole on the event
+loop (under a deadline and a body budget), then run on a small pool of threads
+(see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -33,10 +13,7 @@ import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn_worker import UvicornWorker
-
-from webhooker.request_context import ARRIVED, GONE, RAW_HEADERS, request_arrived
+from webhooker.request_context import ARRIVED, GONE, HEADER_NAMES, RAW_HEADERS, request_arrived
 
 logger = logging.getLogger("deliveries.edge")
 
@@ -48,9 +25,6 @@ OVERLOADED_RETRY_AFTER = 5
 # as they arrive, never from a declared length: a length declared and never sent
 # would fill the budget for free.
 SMALL_BODY = 64 * 1024
-# Key of the ASGI scope with the header names as the client spelled them (uvicorn
-# lower-cases scope["headers"]), one per line, in order.
-HEADER_NAMES = "webhooker.header_names"
 
 
 class Edge:
@@ -305,114 +279,3 @@ def wsgi_environ(scope, body: bytes, gone: threading.Event) -> dict:
         environ[key] = f"{environ[key]},{value}" if key in environ else value
     environ[RAW_HEADERS] = raw
     return environ
-
-
-class Protocol(HttpToolsProtocol):
-    """uvicorn's HTTP/1.1 protocol with gunicorn's request limits and a header
-    deadline, which keeps each header name as the client spelled it and leaves a
-    chunked body's trailer fields out of the header lines.
-
-    uvicorn itself bounds neither the size of a request head nor the time a client
-    may take to send it: a client could hold a connection open forever with one
-    header byte a minute, or grow one header without end.
-    """
-
-    HEADER_TIMEOUT = 10.0
-    MAX_REQUEST_LINE = 8190
-    MAX_FIELDS = 200
-    MAX_FIELD_SIZE = 16384
-    # All header lines together: generous for signed senders, a bound on what one
-    # connection can make a worker hold.
-    MAX_HEAD = 64 * 1024
-
-    def connection_made(self, transport):
-        super().connection_made(transport)
-        self._head_deadline = None
-        self._head_done = True
-        self._head_bytes = 0
-        self._began = False
-        self._arm_head_deadline()
-
-    def data_received(self, data):
-        self._began = False
-        super().data_received(data)
-        # The parser keeps a header line it has not seen the end of and calls
-        # on_header only at its end, so the limits there come too late for a line
-        # that never ends: the head's bytes are counted as they arrive. A chunk in
-        # which a message began is not counted (where it began in it is not known),
-        # so the bound is the limits plus one read.
-        if self._head_done or self._began or self.transport.is_closing():
-            return
-        self._head_bytes += len(data)
-        if self._head_bytes > self.MAX_REQUEST_LINE + self.MAX_HEAD + self.MAX_FIELDS * 4:
-            self.send_400_response("request head too large")
-
-    def connection_lost(self, exc):
-        self._disarm_head_deadline()
-        super().connection_lost(exc)
-
-    def on_message_begin(self):
-        super().on_message_begin()
-        self._fields = 0
-        self._head = 0
-        self._names = []
-        self._head_done = False
-        self._head_bytes = 0
-        self._began = True
-        self._arm_head_deadline()
-
-    def on_url(self, url):
-        super().on_url(url)
-        if len(self.url) > self.MAX_REQUEST_LINE:
-            raise RequestHeadTooLarge("request line too long")
-
-    def on_header(self, name, value):
-        self._fields += 1
-        self._head += len(name) + len(value)
-        if (
-            self._fields > self.MAX_FIELDS
-            or len(name) + len(value) > self.MAX_FIELD_SIZE
-            or self._head > self.MAX_HEAD
-        ):
-            raise RequestHeadTooLarge("request headers too large")
-        if self._head_done:
-            # A trailer field, after a chunked body: not one of the request's
-            # header lines (uvicorn would append it to them), so not stored.
-            return
-        self._names.append(name)
-        super().on_header(name, value)
-
-    def on_headers_complete(self):
-        self._disarm_head_deadline()
-        self._head_done = True
-        self.scope[HEADER_NAMES] = self._names
-        super().on_headers_complete()
-
-    def _arm_head_deadline(self):
-        if self._head_deadline is None:
-            self._head_deadline = self.loop.call_later(self.HEADER_TIMEOUT, self._head_late)
-
-    def _disarm_head_deadline(self):
-        if self._head_deadline is not None:
-            self._head_deadline.cancel()
-            self._head_deadline = None
-
-    def _head_late(self):
-        self._head_deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-
-class RequestHeadTooLarge(Exception):
-    """Raised in a parser callback: uvicorn answers 400 and closes the connection."""
-
-
-class Worker(UvicornWorker):
-    """gunicorn's worker class for webhooker (gunicorn.conf.py)."""
-
-    # proxy_headers off: uvicorn would take X-Forwarded-For and -Proto from any
-    # peer in gunicorn's forwarded_allow_ips (127.0.0.1 by default), so a local
-    # proxy passing clients' headers through would let them name their address.
-    # Which proxies are trusted is WEBHOOKER_TRUSTED_PROXIES' to say
-    # (deliveries.middleware.TrustedProxyMiddleware).
-    CONFIG_KWARGS = {"loop": "asyncio", "http": Protocol, "lifespan": "on", "proxy_headers": False}
