@@ -6,6 +6,7 @@ and connect to the vetted address itself, so no second resolution happens betwee
 check and connect: a DNS answer that changes (rebinding) meets the same check.
 """
 
+import contextvars
 import socket
 
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -13,6 +14,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 from urllib3.poolmanager import PoolManager
 from urllib3.util import connection
+from urllib3.util.url import _encode_target
 
 from deliveries import ssrf
 from deliveries.targets.deadline import watchdog
@@ -67,11 +69,28 @@ class GuardedHTTPSConnection(_Guarded, HTTPSConnection):
     pass
 
 
-class GuardedHTTPConnectionPool(HTTPConnectionPool):
+# The request target exactly as the transport built it (transport.post). urllib3's
+# urlopen rewrites every percent-escape of a target in capitals (_encode_target);
+# a receiver that signs or compares the URL it was sent would see "%c3" become
+# "%C3". Sent as built when that rewriting is all that differs.
+exact_target: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "exact_target", default=None
+)
+
+
+class _ExactTarget:
+    def _make_request(self, conn, method, url, *args, **kwargs):
+        exact = exact_target.get()
+        if exact is not None and exact != url and _encode_target(exact) == url:
+            url = exact
+        return super()._make_request(conn, method, url, *args, **kwargs)
+
+
+class GuardedHTTPConnectionPool(_ExactTarget, HTTPConnectionPool):
     ConnectionCls = GuardedHTTPConnection
 
 
-class GuardedHTTPSConnectionPool(HTTPSConnectionPool):
+class GuardedHTTPSConnectionPool(_ExactTarget, HTTPSConnectionPool):
     ConnectionCls = GuardedHTTPSConnection
 
 

@@ -214,8 +214,7 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 def forwardable_query(query: str) -> str:
     """The query string as received, as a URL can carry it: each escape as the
-    sender sent it (hex digits in capitals, as the HTTP client sends them), a "%"
-    that starts none as %25, and each byte a URL may not carry (space, "{", "|",
+    sender sent it, a "%" that starts none as %25, and each byte a URL may not carry (space, "{", "|",
     non-ASCII, ...) percent-encoded; nothing decoded. The HTTP client then sends it
     unchanged. (The stored query is the request's bytes read as Latin-1.)"""
     out = []
@@ -223,7 +222,7 @@ def forwardable_query(query: str) -> str:
     while i < len(query):
         char = query[i]
         if char == "%" and query[i + 1 : i + 2] in _HEX and query[i + 2 : i + 3] in _HEX:
-            out.append("%" + query[i + 1 : i + 3].upper())
+            out.append(query[i : i + 3])
             i += 3
             continue
         if char in _QUERY_CHARS:

@@ -33,7 +33,7 @@ from urllib3.util import SKIP_HEADER
 from deliveries.targets.base import RESPONSE_BODY_LIMIT, RESPONSE_HEADERS_LIMIT, Outcome
 from deliveries.targets.deadline import watchdog
 from deliveries.targets.errors import connect_timed_out, describe
-from deliveries.targets.guard import blocked_reason, guarded_pools
+from deliveries.targets.guard import blocked_reason, exact_target, guarded_pools
 
 _local = threading.local()
 
@@ -140,7 +140,8 @@ def post(
 
     `query` is appended to the URL's own query as it is, after `url` is prepared:
     preparing quotes again, decodes escapes of unreserved characters and, beside
-    one stray "%", quotes every escape a second time (see http.forwardable_query).
+    one stray "%", quotes every escape a second time (see http.forwardable_query);
+    and sent as built, escapes in the sender's case (guard.exact_target).
 
     `headers` (a mapping; an HTTPHeaderDict for repeated names) are sent exactly:
     each line, in order, and no client defaults beside them. webhooker's own
@@ -166,17 +167,21 @@ def post(
                 where.scheme,
                 pool_kwargs=tls_settings() if where.scheme == "https" else None,
             )
-            response = pool.urlopen(
-                "POST",
-                path,
-                body=data,
-                headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
-                retries=False,
-                redirect=False,
-                assert_same_host=False,
-                timeout=Timeout(connect=timeout, read=timeout),
-                preload_content=False,
-            )
+            sent_as_built = exact_target.set(path)
+            try:
+                response = pool.urlopen(
+                    "POST",
+                    path,
+                    body=data,
+                    headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
+                    retries=False,
+                    redirect=False,
+                    assert_same_host=False,
+                    timeout=Timeout(connect=timeout, read=timeout),
+                    preload_content=False,
+                )
+            finally:
+                exact_target.reset(sent_as_built)
         except (requests.RequestException, HTTPError, OSError) as exc:
             reason = blocked_reason(exc)
             if reason:

@@ -11,6 +11,8 @@ from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
 from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool
+from urllib3.util import url as urllib3_url
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # (owner, name, the parameters it must take): every method overridden or called.
@@ -35,7 +37,15 @@ METHODS = [
     # urllib3: deliveries/targets/guard.py connects to the vetted address itself.
     (HTTPConnection, "_new_conn", ["self"]),
     (HTTPConnection, "request", ["self", "method", "url", "body", "headers"]),
+    # urllib3: guard.py sends the target as the transport built it.
+    (HTTPConnectionPool, "_make_request", ["self", "conn", "method", "url"]),
 ]
+
+
+def test_urllib3_rewrites_targets_only_as_the_guard_expects():
+    """guard._ExactTarget sends a target as built when urllib3's _encode_target
+    changed nothing but the case of its escapes."""
+    assert urllib3_url._encode_target("/q?a=%c3%a9&b=%2f") == "/q?a=%C3%A9&b=%2F"
 
 
 @pytest.mark.parametrize(

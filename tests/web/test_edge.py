@@ -294,12 +294,18 @@ def test_forwarded_for_from_an_untrusted_peer_is_not_the_senders_address(entrypo
 
 
 def test_the_query_is_forwarded_as_received_not_requoted(entrypoint, make_target, sink):
-    """Escapes the sender sent stay as sent (none decoded, none quoted again, even
-    beside a stray "%"); only what a URL cannot carry is percent-encoded."""
+    """Escapes the sender sent stay as sent (none decoded, none quoted again, none
+    recased, even beside a stray "%"); only what a URL cannot carry is
+    percent-encoded."""
     received = deliver(
-        entrypoint, make_target, sink, query="a=%41&y=%2f&c={1}|x&d=%zz&e=%20&f=caf\xe9"
+        entrypoint,
+        make_target,
+        sink,
+        query="a=%41&y=%2f&lower=%c3%a9&c={1}|x&d=%zz&e=%20&f=caf\xe9",
     )
-    assert received.path == "/fwd?x=1&a=%41&y=%2F&c=%7B1%7D%7Cx&d=%25zz&e=%20&f=caf%E9"
+    assert received.path == (
+        "/fwd?x=1&a=%41&y=%2f&lower=%c3%a9&c=%7B1%7D%7Cx&d=%25zz&e=%20&f=caf%E9"
+    )
     delivery = Delivery.objects.get()
     assert delivery.results.get().request_url.endswith(received.path)
 
