@@ -108,6 +108,22 @@ def _required(header: HeaderLookup, name: str) -> str:
     return value
 
 
+# Senders built on Svix send the Standard Webhooks headers under these names.
+SVIX_NAMES = {
+    "webhook-id": "svix-id",
+    "webhook-timestamp": "svix-timestamp",
+    "webhook-signature": "svix-signature",
+}
+
+
+def _either(header: HeaderLookup, name: str) -> str:
+    """A Standard Webhooks header under its own name or Svix's."""
+    value = header(name) or header(SVIX_NAMES[name])
+    if not value:
+        raise Rejected(f"missing {name} (or {SVIX_NAMES[name]}) header")
+    return value
+
+
 def _same(received: str, expected: str) -> bool:
     # Header values arrive as latin-1 text; compare_digest wants bytes for anything
     # that is not ASCII.
@@ -211,9 +227,9 @@ class StandardWebhooks(OneSecret):
         return cleaned
 
     def verify(self, config, header, body, now):
-        msg_id = _required(header, "webhook-id")
-        timestamp = _timestamp(_required(header, "webhook-timestamp"), now)
-        received = _required(header, "webhook-signature")
+        msg_id = _either(header, "webhook-id")
+        timestamp = _timestamp(_either(header, "webhook-timestamp"), now)
+        received = _either(header, "webhook-signature")
         expected = signing.signature(signing.secret_key(config["secret"]), msg_id, timestamp, body)
         # Space-separated: a sender rotating its secret signs with both.
         _expect(received.split(), expected)
@@ -376,6 +392,8 @@ def provider_id(source: str, header: HeaderLookup, body: bytes) -> str:
     kind, _, where = source.partition(":")
     if kind == "header":
         value = header(where)
+        if not value and where.lower() in SVIX_NAMES:
+            value = header(SVIX_NAMES[where.lower()])
     elif kind == "json":
         value = _json_path(body, where)
     else:
@@ -392,9 +410,14 @@ def _json_path(body: bytes, path: str):
     except (ValueError, RecursionError):
         return None
     for name in path.split("."):
-        if not isinstance(value, dict):
+        if isinstance(value, list) and name.isdigit():
+            # A list's element by its index (SendGrid posts a list of events).
+            index = int(name)
+            value = value[index] if index < len(value) else None
+        elif isinstance(value, dict):
+            value = value.get(name)
+        else:
             return None
-        value = value.get(name)
     return value
 
 

@@ -137,6 +137,9 @@ def test_stripe_default_is_the_body_id(client, entrypoint):
         ("header:X-Request-Id", b"{}", {"X-Request-Id": "req-7"}, "req-7"),
         ("json:data.object.id", b'{"data": {"object": {"id": "ch_1"}}}', {}, "ch_1"),
         ("json:seq", b'{"seq": 17}', {}, "17"),
+        # A list's element by its index, as SendGrid posts a list of events.
+        ("json:0.sg_event_id", b'[{"sg_event_id": "sg-1"}, {"sg_event_id": "sg-2"}]', {}, "sg-1"),
+        ("json:2.sg_event_id", b'[{"sg_event_id": "sg-1"}]', {}, ""),
         ("json:data.id", b'{"data": ["not", "an", "object"]}', {}, ""),
         ("json:id", b"not json at all", {}, ""),
         ("json:id", b'{"id": {"nested": 1}}', {}, ""),
