@@ -432,7 +432,7 @@ class Event(models.Model):
     # the entrypoint knows where it is; "" otherwise.
     provider_id = models.CharField(max_length=255, blank=True, default="")
     # The sender's name for what happened (X-GitHub-Event, Stripe's "type"...), read
-    # at ingest (verification.event_type); "" when the request does not say.
+    # at ingest (verification.sender_says); "" when the request does not say.
     event_type = models.CharField(max_length=200, blank=True, default="")
     # Stored by a deduplicating entrypoint: no other such event of the webhook may
     # have the same provider_id while this one is kept (event_provider_id_uniq).

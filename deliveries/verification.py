@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hmac
 import json
 from collections.abc import Callable
@@ -400,7 +401,12 @@ def provider_id(source: str, header: HeaderLookup, body: bytes) -> str:
         return ""
     if isinstance(value, bool) or not isinstance(value, str | int):
         return ""
-    value = str(value).strip().replace("\x00", "\ufffd")
+    return _provider_value(str(value))
+
+
+def _provider_value(value: str) -> str:
+    """An id as stored: trimmed, NUL replaced, "" when longer than the column."""
+    value = value.strip().replace("\x00", "\ufffd")
     return value if len(value) <= PROVIDER_ID_MAX else ""
 
 
@@ -421,7 +427,7 @@ def _json_path(body: bytes, path: str):
     return value
 
 
-# --- event types ---------------------------------------------------------------
+# --- what a sender says of its event -------------------------------------------
 
 # Headers that name the kind of event, as senders send them (GitHub, GitLab,
 # Bitbucket, Shopify, Gitea, Twilio-style); else a JSON body's "type" (Stripe,
@@ -434,24 +440,56 @@ EVENT_TYPE_HEADERS = (
     "x-gitea-event",
     "x-event-type",
 )
-# Bodies parsed for their "type" only up to this size: the list column is a
-# convenience, never worth parsing megabytes in the inbound request.
+# Headers that carry the sender's own id of the event, whatever the entrypoint's
+# preset: Standard Webhooks and Svix, GitHub, GitLab, Shopify. Else a JSON body's
+# Stripe "id" (evt_...) or Slack "event_id".
+EVENT_ID_HEADERS = (
+    "webhook-id",
+    "svix-id",
+    "x-github-delivery",
+    "x-gitlab-event-uuid",
+    "x-shopify-webhook-id",
+    "x-shopify-event-id",
+)
+# Bodies parsed only up to this size: the list's columns are a convenience, never
+# worth parsing megabytes in the inbound request.
 EVENT_TYPE_BODY_LIMIT = 64 * 1024
 
 
-def event_type(headers: list[list[str]], body: bytes, content_type: str) -> str:
-    """What the sender says the event is, or ""."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class SenderSays:
+    """What the sender's request says of its event ("" where it says nothing)."""
+
+    event_type: str = ""
+    event_id: str = ""
+
+
+def sender_says(headers: list[list[str]], body: bytes) -> SenderSays:
+    """The event's type and the sender's id for it, from the well-known headers,
+    else from a small JSON body (parsed once for both)."""
+    kind = event_id = ""
     for name, value in headers:
-        if name.lower() in EVENT_TYPE_HEADERS and value.strip():
-            return value.strip()[:200]
-    if len(body) > EVENT_TYPE_BODY_LIMIT or body.lstrip()[:1] != b"{":
-        return ""
+        lower = name.lower()
+        if not kind and lower in EVENT_TYPE_HEADERS and value.strip():
+            kind = value.strip()[:200]
+        elif not event_id and lower in EVENT_ID_HEADERS and value.strip():
+            event_id = _provider_value(value)
+    if (kind and event_id) or len(body) > EVENT_TYPE_BODY_LIMIT or body.lstrip()[:1] != b"{":
+        return SenderSays(kind, event_id)
     try:
         document = json.loads(body)
     except (ValueError, RecursionError):
-        return ""
+        return SenderSays(kind, event_id)
+    if not isinstance(document, dict):
+        return SenderSays(kind, event_id)
     for key in ("type", "event", "event_type"):
-        value = document.get(key) if isinstance(document, dict) else None
-        if isinstance(value, str) and value.strip():
-            return value.strip()[:200]
-    return ""
+        value = document.get(key)
+        if not kind and isinstance(value, str) and value.strip():
+            kind = value.strip()[:200]
+    if not event_id:
+        stripe, slack = document.get("id"), document.get("event_id")
+        if isinstance(stripe, str) and stripe.startswith("evt_"):
+            event_id = _provider_value(stripe)
+        elif isinstance(slack, str):
+            event_id = _provider_value(slack)
+    return SenderSays(kind, event_id)

@@ -78,6 +78,10 @@ def store_event(
     code = uuid.uuid4()
     now = connection.ops.adapt_datetimefield_value(timezone.now())
     deduplicated = bool(dedup and provider_id)
+    # Whatever the entrypoint, the sender's own id is kept for search (never for
+    # deduplication, which reads only the entrypoint's source).
+    says = verification.sender_says(headers, body)
+    provider_id = provider_id or says.event_id
     values = [
         Event._meta.get_field("code").get_db_prep_value(code, connection),
         entrypoint.webhook_id,
@@ -92,7 +96,7 @@ def store_event(
         provider_id,
         deduplicated,
         0,
-        verification.event_type(headers, body, content_type),
+        says.event_type,
         entrypoint.id,
         *entrypoint.as_read,
     ]

@@ -245,3 +245,32 @@ def test_twenty_concurrent_posts_of_one_github_delivery_make_one_event(
     assert event.duplicates == 19
     assert Delivery.objects.count() == 1
     assert "Traceback" not in web.log()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        (
+            {"X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"},
+            b"{}",
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        ),
+        ({"X-Gitlab-Event-UUID": "gl-1"}, b"{}", "gl-1"),
+        ({"X-Shopify-Webhook-Id": "sh-1"}, b"{}", "sh-1"),
+        ({"webhook-id": "msg_1"}, b"{}", "msg_1"),
+        ({"svix-id": "msg_2"}, b"{}", "msg_2"),
+        ({}, b'{"id": "evt_1", "type": "invoice.paid"}', "evt_1"),
+        ({}, b'{"event_id": "Ev01", "type": "event_callback"}', "Ev01"),
+        ({}, b'{"id": 7}', ""),
+    ],
+)
+def test_the_senders_event_id_is_kept_whatever_the_entrypoint(
+    client, entrypoint, headers, body, expected
+):
+    """No preset, no dedup source: the id is still found (search by it), and two
+    posts with one id are two events (deduplication reads only the entrypoint's
+    own source)."""
+    assert post(client, entrypoint, body, headers).status_code == 200
+    assert post(client, entrypoint, body, headers).status_code == 200
+    assert list(Event.objects.values_list("provider_id", flat=True)) == [expected] * 2
