@@ -1,35 +1,44 @@
-"""What more than one model's admin uses: ownership scoping (OwnedAdmin), read-only
-records, the capped count of long lists, confirmed bulk actions, and small HTML
-helpers (badges, codes, times, the delivery buttons)."""
+"""What more than one model's admin uses: ownership scoping (OwnedAdmin) and the
+owner column (OwnerMixin), read-only records, the capped count of long lists, the
+intermediate page of an action that asks first (ask_first(), confirmed()), the
+redirect back to a page (redirect_back()), and small HTML helpers (badges, codes,
+the delivery buttons), whose markup is in templates/admin/deliveries/."""
 
 import functools
 
 from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.templatetags.admin_urls import admin_urlname
 from django.core.paginator import Paginator
-from django.http import Http404
+from django.forms import Media
+from django.http import Http404, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.functional import cached_property
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 from unfold.admin import ModelAdmin, TabularInline
 
 from deliveries.models import Delivery
 
-STATUS_COLOURS = {
-    "pending": "#6b7280",
-    "retrying": "#b45309",
-    "delivered": "#15803d",
-    "failed": "#b91c1c",
-    "filtered": "#0e7490",
+_COLOURS = {
+    Delivery.Status.PENDING: "#6b7280",
+    Delivery.Status.RETRYING: "#b45309",
+    Delivery.Status.DELIVERED: "#15803d",
+    Delivery.Status.FAILED: "#b91c1c",
+    Delivery.Status.FILTERED: "#0e7490",
 }
+# One per member of the model's choices: a status the model gains without a colour
+# above is a KeyError here, when the admin loads, not a grey badge.
+STATUS_COLOURS = {status: _COLOURS[status] for status in Delivery.Status}
 
 
 def status_badge(status, text=None):
+    """A delivery status as a coloured badge; ValueError for what is no status."""
     return format_html(
         '<span class="wh-badge" style="background:{}">{}</span>',
-        STATUS_COLOURS.get(status, "#6b7280"),
+        STATUS_COLOURS[Delivery.Status(status)],
         text or status,
     )
 
@@ -55,6 +64,58 @@ class CappedCountPaginator(Paginator):
         return AtLeast(count) if count > self.CAP else count
 
 
+def ask_first(
+    model_admin,
+    request,
+    *,
+    title: str,
+    objects,
+    hidden: dict,
+    submit: str,
+    describe=str,
+    form=None,
+    intro: str = "",
+    count: int | None = None,
+    noun: str = "",
+):
+    """The intermediate page of an action that asks before it acts, one template for
+    all: its title, the `objects` it applies to (links to their pages, each as
+    `describe` puts it; a sample when `count` says there are more), the question's
+    `form` if it has one, and the submit and Cancel buttons. Its hidden fields post
+    the same selection back to the list, with `hidden` (what marks the answer)."""
+    opts = model_admin.opts
+    change = admin_urlname(opts, "change")
+    objects = [(describe(obj), reverse(change, args=[obj.pk])) for obj in objects]
+    hidden = {
+        "action": request.POST.get("action", ""),
+        "select_across": request.POST.get("select_across", "0"),
+        "index": "0",
+        ACTION_CHECKBOX_NAME: request.POST.getlist(ACTION_CHECKBOX_NAME),
+        **hidden,
+    }
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": opts,
+        "title": title,
+        "intro": intro,
+        "count": count,
+        "noun": noun,
+        "objects": objects,
+        "more": count - len(objects) if count is not None else 0,
+        "form": form,
+        "hidden": hidden,
+        "hidden_fields": [
+            (name, item)
+            for name, value in hidden.items()
+            for item in (value if isinstance(value, list) else [value])
+        ],
+        "submit": submit,
+        "media": model_admin.media + (form.media if form is not None else Media()),
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/deliveries/confirm_action.html", context)
+
+
 def confirmed(noun: str):
     """A bulk action that first shows the exact number of `noun` it will act on.
 
@@ -68,7 +129,7 @@ def confirmed(noun: str):
         def action(self, request, queryset):
             upto = parse_id(request.POST.get("upto"))
             if request.POST.get("confirm") != "1" or not upto:
-                return confirm_page(self, request, queryset, action, noun)
+                return confirm_page(self, request, queryset, action.short_description, noun)
             return func(self, request, queryset.filter(pk__lte=upto))
 
         return action
@@ -76,31 +137,31 @@ def confirmed(noun: str):
     return wrap
 
 
-def confirm_page(model_admin, request, queryset, func, noun):
+def confirm_page(model_admin, request, queryset, description, noun):
     count = queryset.count()
     if not count:
         model_admin.message_user(request, f"No {noun} to act on.", messages.WARNING)
         return None
     upto = queryset.order_by("-pk").values_list("pk", flat=True)[0]
-    hidden = {
-        "action": request.POST.get("action", ""),
-        "select_across": request.POST.get("select_across", "0"),
-        "index": "0",
-        ACTION_CHECKBOX_NAME: request.POST.getlist(ACTION_CHECKBOX_NAME),
-        "upto": str(upto),
-    }
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": func.short_description,
-        "count": count,
-        "noun": noun,
-        "sample": queryset.order_by("-pk")[:10],
-        "hidden": hidden,
-        "media": model_admin.media,
-    }
-    request.current_app = model_admin.admin_site.name
-    return TemplateResponse(request, "admin/deliveries/confirm_action.html", context)
+    return ask_first(
+        model_admin,
+        request,
+        title=description,
+        objects=queryset.order_by("-pk")[:10],
+        hidden={"upto": str(upto), "confirm": "1"},
+        submit=f"{description}: {count} {noun}",
+        count=count,
+        noun=noun,
+    )
+
+
+def redirect_back(request, url: str, fallback: str) -> HttpResponseRedirect:
+    """To `url` (a ?next= or the Referer) when it is on this site, else to `fallback`."""
+    if not url_has_allowed_host_and_scheme(
+        url, {request.get_host()}, require_https=request.is_secure()
+    ):
+        url = fallback
+    return HttpResponseRedirect(url)
 
 
 class OwnedAdmin(ModelAdmin):
@@ -116,6 +177,35 @@ class OwnedAdmin(ModelAdmin):
             # object must look exactly like one that does not exist at all.
             raise Http404("No such object.")
         return obj
+
+
+class OwnerMixin:
+    """Whose rows these are (`owner_field`, a user): a column and a form field for
+    superusers only, since everyone else sees their own rows alone; left empty on
+    a new row, it is the user who saves it."""
+
+    owner_field = "owner"
+    owner_help_text = "Whose this is (empty: yours)."
+
+    def owner_fields(self, request) -> list[str]:
+        return [self.owner_field] if request.user.is_superuser else []
+
+    def get_list_display(self, request):
+        columns = list(super().get_list_display(request))
+        return [*columns[:1], *self.owner_fields(request), *columns[1:]]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        field = form.base_fields.get(self.owner_field)
+        if field is not None:
+            field.required = False
+            field.help_text = self.owner_help_text
+        return form
+
+    def save_model(self, request, obj, form, change):
+        if not getattr(obj, f"{self.owner_field}_id"):
+            setattr(obj, self.owner_field, request.user)
+        super().save_model(request, obj, form, change)
 
 
 class ReadOnlyMixin:
@@ -159,39 +249,38 @@ def posted_urls(post) -> list[str]:
 
 
 def copyable_code(code, url=None):
-    """The first 8 characters of a code; the whole on hover and on Copy."""
-    short = str(code)[:8]
-    text = format_html('<a href="{}">{}</a>', url, short) if url else short
-    return format_html(
-        '<span class="wh-code" title="{}">{}</span>'
-        '<button type="button" class="wh-copy wh-copy-icon" data-copy="{}" title="Copy {}">'
-        '<span class="material-symbols-outlined">content_copy</span></button>',
-        code,
-        text,
-        code,
-        code,
+    """The first 8 characters of a code (a link to `url` if given); the whole on
+    hover and on Copy."""
+    return render_to_string(
+        "admin/deliveries/copyable_code.html", {"code": code, "short": str(code)[:8], "url": url}
     )
 
 
-def when(moment) -> str:
-    return timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S") if moment else "–"
+def copyable_text(text):
+    """A value shown whole (an inbound URL) with its Copy button."""
+    return render_to_string("admin/deliveries/copyable_text.html", {"text": text})
 
 
-def delivery_buttons(delivery, next_url: str):
+def delivery_buttons(delivery, next_url: str, empty: str = ""):
     """Retry now (while it waits for a retry) and Redeliver (once finished): submit
     buttons that post the page's form, CSRF token included, to the delivery's
-    action URLs (a change page is one form already; forms cannot nest)."""
+    action URLs (a change page is one form already; forms cannot nest). `empty`
+    stands in for none."""
     buttons = []
     if delivery.status == Delivery.Status.RETRYING:
         buttons.append(("retry_now", "Retry now", "wh-button-primary"))
     if delivery.status in Delivery.FINISHED:
         buttons.append(("redeliver", "Redeliver", ""))
-    return format_html_join(
-        " ",
-        '<button type="submit" class="wh-button {}" formmethod="post" '
-        'formaction="{}?next={}" formnovalidate>{}</button>',
-        (
-            (css, reverse(f"admin:deliveries_delivery_{name}", args=[delivery.pk]), next_url, label)
+    context = {
+        "buttons": [
+            {
+                "url": reverse(f"admin:deliveries_delivery_{name}", args=[delivery.pk]),
+                "label": label,
+                "css": css,
+            }
             for name, label, css in buttons
-        ),
-    )
+        ],
+        "next": next_url,
+        "empty": empty,
+    }
+    return render_to_string("admin/deliveries/delivery_buttons.html", context)

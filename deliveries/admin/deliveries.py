@@ -5,10 +5,8 @@ import functools
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.http import HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from unfold.contrib.filters.admin import ChoicesDropdownFilter, RangeDateTimeFilter
 
@@ -20,44 +18,11 @@ from deliveries.admin.base import (
     confirmed,
     copyable_code,
     delivery_buttons,
+    redirect_back,
     status_badge,
-    when,
 )
 from deliveries.admin.filters import DeliveryWebhookFilter, TargetFilter
 from deliveries.models import Delivery, DeliveryResult, Event
-
-
-def header_rows(lines):
-    rows = format_html_join(
-        "", "<tr><th>{}</th><td><code>{}</code></td></tr>", ((n, v) for n, v in lines)
-    )
-    return format_html('<table class="wh-headers">{}</table>', rows) if rows else "–"
-
-
-def attempt_card(result):
-    """One attempt: what was sent beside what came back."""
-    response_lines = [
-        line.partition(": ")[::2] for line in result.response_headers.splitlines() if line
-    ]
-    outcome = status_badge("delivered" if result.success else "failed")
-    return format_html(
-        '<section class="wh-attempt"><header><strong>Attempt {}</strong> {} '
-        '<span class="wh-quiet">{} · {} ms</span></header>'
-        '<div class="wh-exchange"><div><h4>Request</h4><p><code class="wh-url">POST {}</code></p>'
-        "{}</div><div><h4>Response {}</h4>{}{}{}</div></div></section>",
-        result.attempt,
-        outcome,
-        when(result.created_at),
-        result.duration_ms,
-        result.request_url or "(not recorded)",
-        header_rows(result.request_headers),
-        result.status_code or "",
-        format_html('<p class="wh-error">{}</p>', result.error) if result.error else "",
-        header_rows(response_lines),
-        format_html('<pre class="wh-excerpt">{}</pre>', result.response_body)
-        if result.response_body
-        else "",
-    )
 
 
 @admin.register(Delivery)
@@ -120,10 +85,8 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
         self.message_user(
             request, f"Delivery {delivery.pk}: {text}", messages.SUCCESS if done else messages.INFO
         )
-        back = request.GET.get("next", "")
-        if not url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure()):
-            back = reverse("admin:deliveries_delivery_change", args=[delivery.pk])
-        return HttpResponseRedirect(back)
+        fallback = reverse("admin:deliveries_delivery_change", args=[delivery.pk])
+        return redirect_back(request, request.GET.get("next", ""), fallback)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
@@ -135,13 +98,23 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     @admin.display(description="")
     def buttons(self, obj):
         here = reverse("admin:deliveries_delivery_change", args=[obj.pk])
-        return delivery_buttons(obj, here) or "–"
+        return delivery_buttons(obj, here, empty="–")
 
     @admin.display(description="Attempts, newest first")
     def attempts_view(self, obj):
-        results = obj.results.order_by("-attempt", "-id")[:50]
-        cards = format_html_join("", "{}", ((attempt_card(r),) for r in results))
-        return cards or "No attempt yet."
+        """Each attempt: what was sent beside what came back."""
+        attempts = [
+            {
+                "result": result,
+                "response_headers": [
+                    line.partition(": ")[::2]
+                    for line in result.response_headers.splitlines()
+                    if line
+                ],
+            }
+            for result in obj.results.order_by("-attempt", "-id")[:50]
+        ]
+        return render_to_string("admin/deliveries/delivery/attempts.html", {"attempts": attempts})
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)

@@ -9,8 +9,8 @@ from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import Count, OuterRef, Subquery
 from django.http import Http404, HttpResponse
 from django.template.defaultfilters import filesizeformat
+from django.template.loader import render_to_string
 from django.urls import path, reverse
-from django.utils.html import format_html, format_html_join
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
 from deliveries.admin import search
@@ -21,8 +21,6 @@ from deliveries.admin.base import (
     confirmed,
     copyable_code,
     delivery_buttons,
-    status_badge,
-    when,
 )
 from deliveries.admin.filters import (
     DeliveryStatusFilter,
@@ -33,23 +31,27 @@ from deliveries.admin.filters import (
 from deliveries.admin.search import SCAN_ROWS
 from deliveries.models import Delivery, DeliveryResult, Event
 
-OUTCOME_ORDER = ["failed", "retrying", "pending", "delivered", "filtered"]
+# Every status, the ones that need a look first.
+OUTCOME_ORDER = [
+    Delivery.Status.FAILED,
+    Delivery.Status.RETRYING,
+    Delivery.Status.PENDING,
+    Delivery.Status.DELIVERED,
+    Delivery.Status.FILTERED,
+]
 
 
 def outcome_badges(counts: dict[str, int]):
     """'2 of 2 delivered', or one badge per status that is not delivered."""
     total = sum(counts.values())
-    if not total:
-        return format_html('<span class="wh-quiet">no targets</span>')
-    delivered = counts.get("delivered", 0)
-    if delivered == total:
-        return status_badge("delivered", f"{delivered} of {total} delivered")
-    badges = [
-        status_badge(status, f"{counts[status]} {status}")
-        for status in OUTCOME_ORDER
-        if counts.get(status)
-    ]
-    return format_html_join(" ", "{}", ((badge,) for badge in badges))
+    delivered = counts.get(Delivery.Status.DELIVERED, 0)
+    if total and delivered == total:
+        badges = [(Delivery.Status.DELIVERED, f"{delivered} of {total} delivered")]
+    else:
+        badges = [
+            (status, f"{counts[status]} {status}") for status in OUTCOME_ORDER if counts.get(status)
+        ]
+    return render_to_string("admin/deliveries/event/outcome.html", {"badges": badges})
 
 
 @admin.register(Event)
@@ -168,35 +170,8 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         last = DeliveryResult.objects.filter(delivery=OuterRef("pk")).order_by("-attempt", "-id")
         deliveries = deliveries.annotate(last_code=Subquery(last.values("status_code")[:1]))
         here = reverse("admin:deliveries_event_change", args=[obj.pk])
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
-            '<td class="wh-buttons">{}</td></tr>',
-            (
-                (
-                    format_html(
-                        '<a href="{}">{}</a>',
-                        reverse("admin:deliveries_delivery_change", args=[d.pk]),
-                        d.target.name,
-                    ),
-                    status_badge(d.status),
-                    d.attempts,
-                    d.last_code or "–",
-                    when(d.next_attempt_at),
-                    when(d.updated_at),
-                    delivery_buttons(d, here),
-                )
-                for d in deliveries
-            ),
-        )
-        if not rows:
-            return "No deliveries: the webhook had no active target when it arrived."
-        return format_html(
-            '<div class="wh-scroll"><table class="wh-table"><thead><tr><th>Target</th>'
-            "<th>Status</th><th>Attempts</th><th>Last code</th><th>Next try</th>"
-            "<th>Last change</th><th></th></tr></thead><tbody>{}</tbody></table></div>",
-            rows,
-        )
+        rows = [(d, delivery_buttons(d, here)) for d in deliveries]
+        return render_to_string("admin/deliveries/event/deliveries.html", {"rows": rows})
 
     def body_download(self, request, object_id):
         """The exact bytes as received."""
@@ -214,21 +189,17 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
 
     @admin.display(description="Headers")
     def headers_table(self, obj):
-        rows = format_html_join(
-            "",
-            "<tr><th>{}</th><td><code>{}</code></td></tr>",
-            ((name, header_text(value)) for name, value in obj.headers),
-        )
-        return format_html('<table class="wh-headers">{}</table>', rows)
+        lines = [(name, header_text(value)) for name, value in obj.headers]
+        return render_to_string("admin/deliveries/headers.html", {"lines": lines})
 
     @admin.display(description="Body")
     def body_view(self, obj):
         body = bytes(obj.body)
-        url = reverse("admin:deliveries_event_body", args=[obj.pk])
-        download = format_html(
-            '<p><a href="{}">Download the exact bytes</a> ({})</p>', url, filesizeformat(len(body))
+        kind, text = body_preview(body)
+        return render_to_string(
+            "admin/deliveries/event/body.html",
+            {"event": obj, "size": len(body), "kind": kind, "text": text},
         )
-        return format_html("{}{}", download, render_body(body))
 
     @admin.action(description="Replay selected events to their targets")
     @confirmed("events")
@@ -258,8 +229,9 @@ def header_text(value: str) -> str:
         return value
 
 
-def render_body(body: bytes):
-    """Pretty JSON, else text, else a hex view, at most BODY_PREVIEW bytes."""
+def body_preview(body: bytes) -> tuple[str, str]:
+    """Pretty JSON, else text, else a hex view, at most BODY_PREVIEW bytes: the
+    view's kind ("json", "", "hex") and its text."""
     shown = body[:BODY_PREVIEW]
     cut = "" if len(body) <= BODY_PREVIEW else f"\n… {len(body) - BODY_PREVIEW} more bytes"
     try:
@@ -270,13 +242,13 @@ def render_body(body: bytes):
         try:
             pretty = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
             pretty = LONE_SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", pretty)
-            return format_html('<pre class="wh-body wh-json">{}</pre>', pretty[:BODY_PREVIEW])
+            return "json", pretty[:BODY_PREVIEW]
         except (ValueError, RecursionError):  # not JSON, or nested too deep to show
-            return format_html('<pre class="wh-body">{}{}</pre>', text, cut)
+            return "", text + cut
     lines = []
     for offset in range(0, len(shown), 16):
         chunk = shown[offset : offset + 16]
         hexes = " ".join(f"{b:02x}" for b in chunk)
         printable = "".join(chr(b) if 32 <= b < 127 else "." for b in chunk)
         lines.append(f"{offset:08x}  {hexes:<47}  {printable}")
-    return format_html('<pre class="wh-body wh-hex">{}{}</pre>', "\n".join(lines), cut)
+    return "hex", "\n".join(lines) + cut

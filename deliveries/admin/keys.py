@@ -4,50 +4,36 @@ from django.contrib import admin, messages
 from django.utils import timezone
 from django.utils.html import format_html
 
-from deliveries.admin.base import OwnedAdmin
+from deliveries.admin.base import OwnedAdmin, OwnerMixin
 from deliveries.models import ApiKey
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(OwnedAdmin):
+class ApiKeyAdmin(OwnerMixin, OwnedAdmin):
     """Keys to the REST API. A new key is shown once, in the message after saving:
     only its digest is stored. Each user sees and revokes their own keys."""
 
     list_display = ["name", "key_prefix", "state", "created_at", "last_used_at", "expires_at"]
     search_fields = ["name", "prefix"]
     actions = ["revoke"]
-
-    def get_list_display(self, request):
-        if request.user.is_superuser:
-            return [*self.list_display[:1], "user", *self.list_display[1:]]
-        return self.list_display
+    owner_field = "user"
+    owner_help_text = "Whose key this is (empty: yours)."
 
     def get_fields(self, request, obj=None):
         if obj is not None:
             return ["name", "expires_at", *self.get_readonly_fields(request, obj)]
-        return (
-            ["name", "expires_at", "user"] if request.user.is_superuser else ["name", "expires_at"]
-        )
+        return ["name", "expires_at", *self.owner_fields(request)]
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return []
         return ["key_prefix", "user", "created_at", "last_used_at", "revoked_at"]
 
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        form = super().get_form(request, obj, change, **kwargs)
-        if "user" in form.base_fields:
-            form.base_fields["user"].required = False
-            form.base_fields["user"].help_text = "Whose key this is (empty: yours)."
-        return form
-
     def save_model(self, request, obj, form, change):
         if change:
             return super().save_model(request, obj, form, change)
-        if not obj.user_id:
-            obj.user = request.user
         key = obj.set_new_key()
-        super().save_model(request, obj, form, change)
+        super().save_model(request, obj, form, change)  # OwnerMixin fills in the user
         self.message_user(
             request,
             format_html(

@@ -5,19 +5,18 @@ import datetime
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.http import Http404, HttpResponseRedirect
-from django.template.response import TemplateResponse
+from django.http import Http404
+from django.template.loader import render_to_string
 from django.urls import path, reverse
-from django.utils import timezone
+from django.utils import formats, timezone
 from django.utils.html import format_html
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from unfold.admin import StackedInline
+from unfold.widgets import UnfoldAdminTextInputWidget
 
 from deliveries import signing, ssrf
 from deliveries.admin import health
-from deliveries.admin.base import OwnedAdmin, posted_urls
+from deliveries.admin.base import OwnedAdmin, ask_first, posted_urls, redirect_back
 from deliveries.admin.filters import TargetWebhookFilter
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import Delivery, Target
@@ -48,10 +47,7 @@ def health_text(figures: health.Health, pk: int):
     parts.append(f"breaker {breaker_text(figures.breaker)}")
     if figures.paused:
         parts.append(f"paused: {figures.paused_reason or 'no reason given'}")
-    url = reverse("admin:deliveries_target_change", args=[pk])
-    return format_html(
-        '<span class="wh-health">{}</span> <a href="{}">details</a>', " · ".join(parts), url
-    )
+    return render_to_string("admin/deliveries/target/health.html", {"parts": parts, "pk": pk})
 
 
 class SigningSecretMixin:
@@ -61,31 +57,13 @@ class SigningSecretMixin:
     def signing_secret_view(self, obj):
         if not obj.pk:
             return "(made when the target is saved)"
-        element = f"wh-secret-{obj.pk}"
-        rotated = ""
-        if obj.previous_signing_secret and obj.secret_rotated_at:
-            rotated = format_html(
-                "<br><small>Rotated {}; the previous secret is also signed with until the "
-                "overlap ends.</small>",
-                timezone.localtime(obj.secret_rotated_at).strftime("%Y-%m-%d %H:%M"),
-            )
-        masked = signing.mask(obj.signing_secret)
-        return format_html(
-            '<code id="{}" class="wh-url" data-secret="{}" data-masked="{}">{}</code>'
-            ' <button type="button" class="wh-copy wh-reveal" data-for="{}">Reveal</button>'
-            ' <button type="button" class="wh-copy" data-copy="{}">Copy</button>'
-            ' <button type="submit" class="wh-copy wh-rotate" formaction="{}" formmethod="post"'
-            ' data-confirm="{}">Rotate secret</button>{}',
-            element,
-            obj.signing_secret,
-            masked,
-            masked,
-            element,
-            obj.signing_secret,
-            reverse("admin:deliveries_target_rotate_secret", args=[obj.pk]),
-            "Make a new signing secret? Unsaved changes on this page are lost. "
-            "The current secret stays valid during the rotation overlap.",
-            rotated,
+        return render_to_string(
+            "admin/deliveries/target/signing_secret.html",
+            {
+                "target": obj,
+                "masked": signing.mask(obj.signing_secret),
+                "rotated": obj.previous_signing_secret and obj.secret_rotated_at,
+            },
         )
 
 
@@ -123,6 +101,32 @@ class TargetInline(SigningSecretMixin, StackedInline):
         if not obj.pk:
             return "–"
         return health_text(health.detail(obj, self._breakers), obj.pk)
+
+
+class DateTimeLocalWidget(UnfoldAdminTextInputWidget):
+    """The browser's date and time picker in unfold's style: one field, posted as
+    2025-01-31T09:30 (unfold's own date-time widget posts two)."""
+
+    input_type = "datetime-local"
+
+    def format_value(self, value):
+        return formats.localize_input(value, "%Y-%m-%dT%H:%M") if value else None
+
+
+class StyledPauseForm(PauseForm):
+    """The Pause question with unfold's text input."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["reason"].widget = UnfoldAdminTextInputWidget()
+
+
+class StyledRedeliverFailedForm(RedeliverFailedForm):
+    """The Redeliver failed question with unfold's input around the browser's picker."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["since"].widget = DateTimeLocalWidget()
 
 
 @admin.register(Target)
@@ -175,12 +179,8 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
             raise Http404("No such object.")
         target.rotate_signing_secret()
         self.message_user(request, rotated_message(1), messages.SUCCESS)
-        back = request.headers.get("Referer", "")
-        if not url_has_allowed_host_and_scheme(
-            back, {request.get_host()}, require_https=request.is_secure()
-        ):
-            back = reverse("admin:deliveries_target_change", args=[target.pk])
-        return HttpResponseRedirect(back)
+        fallback = reverse("admin:deliveries_target_change", args=[target.pk])
+        return redirect_back(request, request.headers.get("Referer", ""), fallback)
 
     @admin.action(description="Rotate signing secrets of selected targets")
     def rotate_secrets(self, request, queryset):
@@ -250,13 +250,12 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
 
     @admin.action(description="Pause selected targets")
     def pause(self, request, queryset):
-        form = PauseForm(request.POST if "apply" in request.POST else None)
+        form = StyledPauseForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
             return self._ask(
                 request,
                 queryset,
                 form,
-                "pause",
                 "Pause targets",
                 "Pause",
                 "Their deliveries are still created and wait, unattempted, until you resume.",
@@ -277,13 +276,12 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     def redeliver_failed(self, request, queryset):
         initial = {"since": timezone.now() - datetime.timedelta(hours=24)}
         data = request.POST if "apply" in request.POST else None
-        form = RedeliverFailedForm(data, initial=initial)
+        form = StyledRedeliverFailedForm(data, initial=initial)
         if not form.is_valid():
             return self._ask(
                 request,
                 queryset,
                 form,
-                "redeliver_failed",
                 "Redeliver failed deliveries",
                 "Redeliver",
                 "Every failed delivery of these targets since the time below is sent again.",
@@ -302,24 +300,20 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
         )
         return None
 
-    def _ask(self, request, queryset, form, action, title, submit, intro):
-        """The intermediate page of an action that needs an answer first."""
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": title,
-            "intro": intro,
-            "submit": submit,
-            "form": form,
-            "action": action,
-            "targets": queryset.select_related("webhook")[:100],
-            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-            "select_across": request.POST.get("select_across") == "1",
-            "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            "media": self.media,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, "admin/deliveries/target/action_form.html", context)
+    def _ask(self, request, queryset, form, title, submit, intro):
+        """The question of an action (the base's intermediate page): the targets,
+        the form, and `apply` marking the post that answers it."""
+        return ask_first(
+            self,
+            request,
+            title=title,
+            intro=intro,
+            objects=queryset.select_related("webhook")[:100],
+            describe=lambda target: f"{target.webhook.name} → {target.name}",
+            form=form,
+            hidden={"apply": "1"},
+            submit=submit,
+        )
 
 
 def rotated_message(n: int) -> str:

@@ -11,7 +11,7 @@ from django.utils.html import format_html
 from unfold.admin import TabularInline
 
 from deliveries import ssrf
-from deliveries.admin.base import OwnedAdmin, posted_urls
+from deliveries.admin.base import OwnedAdmin, OwnerMixin, copyable_text, posted_urls
 from deliveries.admin.filters import HealthFilter
 from deliveries.admin.targets import TargetInline
 from deliveries.models import Delivery, Entrypoint, Event, Webhook
@@ -34,13 +34,7 @@ class EntrypointInline(TabularInline):
     def inbound_url(self, obj):
         if not obj.pk:
             return "(shown once saved)"
-        url = obj.inbound_url(self._request)
-        return format_html(
-            '<code class="wh-url">{}</code> <button type="button" class="wh-copy" '
-            'data-copy="{}">Copy</button>',
-            url,
-            url,
-        )
+        return copyable_text(obj.inbound_url(self._request))
 
     @admin.display(description="Verification and dedup")
     def trust(self, obj):
@@ -68,27 +62,20 @@ def _subcount(queryset):
 
 
 @admin.register(Webhook)
-class WebhookAdmin(OwnedAdmin):
+class WebhookAdmin(OwnerMixin, OwnedAdmin):
     list_display = ["name", "health", "events_24h", "failing", "targets_count", "created_at"]
     list_filter = [HealthFilter]
     search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
     # The alert URL is checked as target URLs are: its scheme typed out.
     formfield_overrides = {URLField: {"form_class": TargetURLField}}
+    owner_help_text = "Who sees and manages this webhook (empty: you)."
 
     class Media:
         js = ["deliveries/trust.js"]
 
-    def get_list_display(self, request):
-        if request.user.is_superuser:
-            return [*self.list_display[:1], "owner", *self.list_display[1:]]
-        return self.list_display
-
     def get_fields(self, request, obj=None):
-        fields = ["name", "description", "retention_days", "alert_url"]
-        if request.user.is_superuser:
-            fields.append("owner")
-        return fields
+        return ["name", "description", "retention_days", "alert_url", *self.owner_fields(request)]
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # The admin validates and saves inside one transaction, which on SQLite holds
@@ -97,14 +84,6 @@ class WebhookAdmin(OwnedAdmin):
         urls = posted_urls(request.POST)
         with ssrf.resolved_in_advance(urls):
             return super().changeform_view(request, object_id, form_url, extra_context)
-
-    def get_form(self, request, obj=None, change=False, **kwargs):
-        form = super().get_form(request, obj, change, **kwargs)
-        if "owner" in form.base_fields:
-            owner = form.base_fields["owner"]
-            owner.required = False
-            owner.help_text = "Who sees and manages this webhook (empty: you)."
-        return form
 
     def get_queryset(self, request):
         since = timezone.now() - datetime.timedelta(hours=24)
@@ -129,11 +108,6 @@ class WebhookAdmin(OwnedAdmin):
             )
         )
 
-    def save_model(self, request, obj, form, change):
-        if not obj.owner_id:  # new (the owner field is a superuser's only)
-            obj.owner = request.user
-        super().save_model(request, obj, form, change)
-
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
         form.instance.ensure_entrypoint()
@@ -141,18 +115,12 @@ class WebhookAdmin(OwnedAdmin):
     @admin.display(description="Health")
     def health(self, obj):
         if obj.failed_24h:
-            return format_html(
-                '<span class="wh-dot wh-bad" title="{}">●</span> failing',
-                "failed deliveries in the last 24 h",
-            )
-        if obj.retrying_now:
-            return format_html(
-                '<span class="wh-dot wh-warn" title="{}">●</span> retrying',
-                "deliveries waiting for a retry",
-            )
-        return format_html(
-            '<span class="wh-dot wh-ok" title="{}">●</span> ok', "nothing failed in the last 24 h"
-        )
+            css, title, text = "wh-bad", "failed deliveries in the last 24 h", "failing"
+        elif obj.retrying_now:
+            css, title, text = "wh-warn", "deliveries waiting for a retry", "retrying"
+        else:
+            css, title, text = "wh-ok", "nothing failed in the last 24 h", "ok"
+        return format_html('<span class="wh-dot {}" title="{}">●</span> {}', css, title, text)
 
     @admin.display(description="Events (24 h)", ordering="events_24h")
     def events_24h(self, obj):

@@ -2,12 +2,16 @@
 its fix."""
 
 import io
+from html.parser import HTMLParser
 
 import pytest
 from django.core.management import call_command
+from django.templatetags.static import static
 from django.urls import reverse
+from unfold.widgets import INPUT_CLASSES
 
-from deliveries.admin.base import CappedCountPaginator
+from deliveries.admin.base import STATUS_COLOURS, CappedCountPaginator, status_badge
+from deliveries.admin.events import OUTCOME_ORDER
 from deliveries.models import Delivery, Event, Target
 from tests.support.admin import client_for, inline_data, world
 from tests.support.engines import store
@@ -198,3 +202,61 @@ def test_the_alert_url_needs_its_scheme_too(alice):
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors["alert_url"]
     assert "http:// or https://" in " ".join(errors)
+
+
+class Tags(HTMLParser):
+    """Each start tag of a page: (tag, its attributes)."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.tags = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def find(self, tag, **attrs):
+        return [a for t, a in self.tags if t == tag and attrs.items() <= a.items()]
+
+
+@pytest.mark.parametrize(("action", "field"), [("pause", "reason"), ("redeliver_failed", "since")])
+def test_the_question_of_a_target_action_is_a_styled_admin_page(alice, action, field):
+    """Pause and Redeliver failed since asked on a page of their own, unstyled: a
+    borderless input, the buttons bare words, and "gettext is not defined" from
+    the admin's scripts, for the page left out the admin's JavaScript catalog."""
+    _, target, *_ = world(alice, "h")
+    url = reverse("admin:deliveries_target_changelist")
+    response = client_for(alice).post(url, {"action": action, "_selected_action": [target.pk]})
+    assert response.status_code == 200
+    tags = Tags(response.content.decode())
+    [answer] = tags.find("input", name=field)
+    assert set(INPUT_CLASSES) <= set(answer["class"].split())  # unfold's styled input
+    scripts = [attrs.get("src") for tag, attrs in tags.tags if tag == "script"]
+    assert scripts.index(reverse("admin:jsi18n")) < scripts.index(static("admin/js/core.js"))
+    assert tags.find("button", type="submit", **{"class": "wh-button wh-button-primary"})
+    assert tags.find("a", href=url, **{"class": "wh-button"})  # Cancel
+    # The same page, the same template, as a bulk action's confirmation.
+    assert "admin/deliveries/confirm_action.html" in [t.name for t in response.templates]
+
+
+def test_a_bulk_actions_confirmation_loads_the_admins_javascript_catalog(alice):
+    *_, delivery = world(alice, "h")
+    url = reverse("admin:deliveries_delivery_changelist")
+    response = client_for(alice).post(
+        url, {"action": "redeliver", "index": "0", "_selected_action": [delivery.pk]}
+    )
+    assert response.status_code == 200
+    assert Tags(response.content.decode()).find("script", src=reverse("admin:jsi18n"))
+    assert 'class="wh-button wh-button-primary">Redeliver selected deliveries: 1 deliveries<' in (
+        response.content.decode()
+    )
+
+
+def test_every_delivery_status_has_its_colour_and_place():
+    """A status the model gains must be given a colour (and a place among an
+    event's outcomes), not shown as a grey badge or not at all."""
+    assert set(STATUS_COLOURS) == set(Delivery.Status)
+    assert len(set(STATUS_COLOURS.values())) == len(Delivery.Status)
+    assert sorted(OUTCOME_ORDER) == sorted(Delivery.Status)
+    with pytest.raises(ValueError):
+        status_badge("lost")
