@@ -22,6 +22,7 @@ def _build():
         body_timeout=settings.WEBHOOKER_BODY_TIMEOUT,
         max_body=settings.WEBHOOKER_MAX_BODY_BYTES,
         body_buffer=settings.WEB_BODY_BUFFER,
+        probes=("/.well-known/healthcheck", "/metrics"),
     )
 
 

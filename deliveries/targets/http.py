@@ -214,9 +214,10 @@ _HEX = frozenset("0123456789abcdefABCDEF")
 
 def forwardable_query(query: str) -> str:
     """The query string as received, as a URL can carry it: each escape as the
-    sender sent it, a "%" that starts none as %25, and each byte a URL may not carry (space, "{", "|",
-    non-ASCII, ...) percent-encoded; nothing decoded. The HTTP client then sends it
-    unchanged. (The stored query is the request's bytes read as Latin-1.)"""
+    sender sent it, a "%" that starts none as %25, and each byte a URL may not
+    carry (space, "{", "|", non-ASCII, ...) percent-encoded; nothing decoded. The
+    HTTP client then sends it unchanged. (The stored query is the request's bytes
+    read as Latin-1.)"""
     out = []
     i = 0
     while i < len(query):

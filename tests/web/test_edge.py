@@ -425,6 +425,41 @@ def test_a_request_head_that_never_ends_is_cut_off(entrypoint, data_dir):
 @sqlite_only
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
+def test_the_healthcheck_and_metrics_answer_past_the_admission_limit(entrypoint, data_dir):
+    """Every thread busy and the queue full of inbound requests (the writer held):
+    the healthcheck and /metrics have a thread of their own, and answer for
+    themselves rather than with the admission's 503 (issue 30)."""
+    web, base = start_web(data_dir, workers=1, WEB_THREADS=1, WEB_QUEUE=0, SQLITE_BUSY_TIMEOUT=30)
+    url = f"{base}/webhook/{entrypoint.code}"
+    answered = []
+    try:
+        with WriterLock():
+            # Two at once: one takes the thread (and waits for the writer), the
+            # other is refused by the admission limit.
+            senders = [
+                threading.Thread(
+                    target=lambda: answered.append(requests.post(url, data=b"{}", timeout=30))
+                )
+                for _ in range(2)
+            ]
+            for sender in senders:
+                sender.start()
+            wait_until(lambda: answered, message="one refused")
+            health = requests.get(f"{base}/.well-known/healthcheck", timeout=10)
+            metrics = requests.get(f"{base}/metrics", timeout=10)
+        for sender in senders:
+            sender.join(30)
+    finally:
+        web.stop()
+    assert sorted(r.status_code for r in answered) == [200, 503]
+    assert health.headers["Content-Type"] == "application/json"
+    assert "database" in health.json()
+    assert metrics.status_code == 404  # no METRICS_USERNAME: its own answer, not 503
+
+
+@sqlite_only
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
 def test_a_flood_past_capacity_is_answered_503_with_retry_after_at_once(entrypoint, data_dir):
     """One thread and a queue of two: with the writer held, three requests are
     admitted and every other one is refused fast; all recover when it is free."""

@@ -25,6 +25,8 @@ OVERLOADED_RETRY_AFTER = 5
 # as they arrive, never from a declared length: a length declared and never sent
 # would fill the budget for free.
 SMALL_BODY = 64 * 1024
+# Probe requests (the healthcheck, /metrics) admitted at once in a worker.
+PROBE_QUEUE = 8
 
 
 class Edge:
@@ -39,8 +41,15 @@ class Edge:
         body_timeout: float,
         max_body: int,
         body_buffer: int | None = None,
+        probes: tuple[str, ...] = (),
     ):
         self.app = app
+        # Paths of the health and metrics probes: served on a thread of their own,
+        # outside the admission bound, so a worker busy with webhooks still answers
+        # whether it is healthy; PROBE_QUEUE of them at most wait for it.
+        self.probes = frozenset(probes)
+        self.probe_executor = ThreadPoolExecutor(1, thread_name_prefix="probe")
+        self.probes_inflight = 0
         # Bytes of request bodies this worker may hold at once, beyond each one's
         # first SMALL_BODY, and how many it holds: only the event loop's thread
         # touches it.
@@ -84,7 +93,8 @@ class Edge:
                 close=True,
             )
             return
-        if self.inflight >= self.limit:
+        probe = scope["path"] in self.probes
+        if (self.probes_inflight >= PROBE_QUEUE) if probe else (self.inflight >= self.limit):
             await answer(
                 send,
                 503,
@@ -96,17 +106,23 @@ class Edge:
         gone = threading.Event()
         environ = wsgi_environ(scope, body, gone)
         environ[ARRIVED] = time.monotonic()
-        self.inflight += 1
+        if probe:
+            self.probes_inflight += 1
+        else:
+            self.inflight += 1
         # Watching for a hang-up means asking for more of the request, which is
         # what makes uvicorn send 100 Continue: not for a body left unread (too
         # large, refused whatever happens, nothing stored).
         watcher = asyncio.create_task(_watch(receive, gone)) if complete else None
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.executor, self._call, environ
+                self.probe_executor if probe else self.executor, self._call, environ
             )
         finally:
-            self.inflight -= 1
+            if probe:
+                self.probes_inflight -= 1
+            else:
+                self.inflight -= 1
             if watcher is not None:
                 watcher.cancel()
         if result is None or gone.is_set():
@@ -192,6 +208,7 @@ class Edge:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.executor.shutdown(wait=True)
+                self.probe_executor.shutdown(wait=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 

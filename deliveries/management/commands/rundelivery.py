@@ -3,6 +3,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 
 from django.conf import settings
@@ -118,14 +119,27 @@ class Command(BaseCommand):
             manager.close()
 
     def _install_signals(self, engine):
-        def on_signal(signum, frame):
-            if engine.stop_event.is_set():
-                sys.stderr.write("rundelivery: forced exit\n")
-                os._exit(1)
-            sys.stderr.write(
-                "rundelivery: finishing running attempts; press Ctrl+C again to force\n"
-            )
-            engine.stop()
+        """SIGINT or SIGTERM: drain and exit; a second one: exit at once.
 
+        The handler itself only writes a byte to a pipe: anything that takes a lock
+        (the stop Event's set(), a write to a buffered stream) could deadlock when
+        the signal lands while this thread holds that lock. A thread of its own
+        reads the pipe and acts."""
+        read_end, write_end = os.pipe()
+
+        def on_signal(signum, frame):
+            os.write(write_end, b"s")
+
+        def act():
+            while os.read(read_end, 1):
+                if engine.stop_event.is_set():
+                    sys.stderr.write("rundelivery: forced exit\n")
+                    os._exit(1)
+                sys.stderr.write(
+                    "rundelivery: finishing running attempts; press Ctrl+C again to force\n"
+                )
+                engine.stop()
+
+        threading.Thread(target=act, name="signals", daemon=True).start()
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)

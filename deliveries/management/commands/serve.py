@@ -3,7 +3,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 from django.conf import settings
@@ -43,6 +42,8 @@ class Command(BaseCommand):
 
     # Restarting an engine that exited: first wait, doubling up to the cap; an
     # engine that ran this long before exiting starts again after the first wait.
+    # Seconds between two looks at the children and the signals received.
+    TICK = 0.2
     RESTART_FIRST = 1.0
     RESTART_CAP = 60.0
     RESTART_RESET_AFTER = 60.0
@@ -71,23 +72,37 @@ class Command(BaseCommand):
         if metrics_dir:
             for stale in glob.glob(os.path.join(metrics_dir, "*.db")):
                 os.unlink(stale)
-        stop = threading.Event()
+        # The signals received. The handler only appends: anything that takes a lock
+        # (an Event's set(), a Popen's poll()) could deadlock when the signal lands
+        # while this thread holds that lock.
+        signals = []
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: stop.set())
+            signal.signal(signum, lambda signum, frame: signals.append(signum))
         web = _Child("gunicorn", gunicorn_command())
         children = [web] + [_Child(f"engine-{n}", rundelivery_command()) for n in range(engines)]
         for child in children:
             child.start()
-        while not stop.wait(0.2):
+        while not signals:
+            time.sleep(self.TICK)
             if web.popen.poll() is not None:
                 self.stderr.write(f"gunicorn exited with code {web.popen.returncode}; stopping")
                 break
             for child in children[1:]:
                 self._supervise(child)
-        for child in children:
-            if child.popen.poll() is None:
-                child.popen.send_signal(signal.SIGTERM)
-        codes = {child.name: child.popen.wait() for child in children}
+        # One SIGTERM each: gunicorn stops, an engine drains. Each further signal
+        # here is passed on: a second SIGTERM makes an engine exit without waiting
+        # for its running attempts (they are sent again after the restart).
+        forwarded = 0
+        while True:
+            running = [child for child in children if child.popen.poll() is None]
+            if not running:
+                break
+            if forwarded < max(1, len(signals)):
+                for child in running:
+                    child.popen.send_signal(signal.SIGTERM)
+                forwarded = max(1, len(signals))
+            time.sleep(self.TICK)
+        codes = {child.name: child.popen.returncode for child in children}
         failed = {name: code for name, code in codes.items() if code not in (0, -signal.SIGTERM)}
         if failed:
             self.stderr.write(f"stopped; exit codes: {failed}")
