@@ -11,6 +11,12 @@ import json
 from django import forms
 from django.core.exceptions import ValidationError
 from django.utils import timezone
+from unfold.widgets import (
+    UnfoldAdminIntegerFieldWidget,
+    UnfoldAdminTextareaWidget,
+    UnfoldAdminTextInputWidget,
+    UnfoldBooleanSwitchWidget,
+)
 
 from deliveries import verification
 from deliveries.models import Entrypoint, Target
@@ -24,6 +30,27 @@ CONFIG_FIELDS = {type_: kind.form_fields() for type_, kind in TARGET_TYPES.items
 def _optional(field: forms.Field) -> forms.Field:
     field = copy.deepcopy(field)
     field.required = False
+    return _styled(field)
+
+
+def _styled(field: forms.Field) -> forms.Field:
+    """The field with unfold's widget of its kind, its attributes kept (the admin
+    gives the model's fields unfold's widgets; the form's own fields were bare,
+    borderless inputs). Widths are the page's: no size or cols."""
+    widget = field.widget
+    attrs = {k: v for k, v in widget.attrs.items() if k not in ("size", "cols")}
+    if isinstance(widget, forms.CheckboxInput):
+        styled = UnfoldBooleanSwitchWidget(attrs)
+    elif isinstance(widget, forms.Textarea):
+        styled = UnfoldAdminTextareaWidget(attrs)
+    elif isinstance(widget, forms.NumberInput):
+        styled = UnfoldAdminIntegerFieldWidget(attrs)
+    elif isinstance(widget, forms.widgets.Input) and widget.input_type in ("text", "url"):
+        styled = UnfoldAdminTextInputWidget(attrs)
+        styled.input_type = widget.input_type
+    else:
+        return field
+    field.widget = styled
     return field
 
 
@@ -59,7 +86,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
 
     filters = FiltersField(
         required=False,
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 60, "class": "wh-json-input"}),
+        widget=UnfoldAdminTextareaWidget(attrs={"rows": 4, "class": "wh-json-input"}),
         help_text=Target._meta.get_field("filters").help_text
         + ' E.g. [{"source": "header", "name": "X-GitHub-Event", "op": "equals", '
         '"value": "push"}]; ops: equals, one_of, exists, not_equals; source header or '

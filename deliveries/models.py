@@ -248,8 +248,10 @@ class Target(models.Model):
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.HTTP)
     active = models.BooleanField(default=True)
     config = models.JSONField(default=dict, blank=True)
+    # New targets retry (with backoff, behind the breaker): a receiver that is down
+    # for a moment must not lose events.
     max_retries = models.PositiveIntegerField(
-        default=0,
+        default=5,
         help_text="0 = fire-and-forget: one attempt, no circuit breaker.",
     )
     max_queue_size = models.PositiveIntegerField(

@@ -181,6 +181,8 @@ UNFOLD = {
     "SITE_TITLE": "webhooker",
     "SITE_HEADER": "webhooker",
     "SITE_SYMBOL": "webhook",
+    # No "View site" link: the console is the site (nothing is served at /).
+    "SITE_URL": None,
     "SHOW_HISTORY": False,
     "SHOW_VIEW_ON_SITE": False,
     "SIDEBAR": {

@@ -1,5 +1,6 @@
 """What more than one model's admin uses: ownership scoping (OwnedAdmin) and the
-owner column (OwnerMixin), read-only records, the capped count of long lists, the
+owner column (OwnerMixin), read-only records, the capped count of long lists (and
+of their filters' "Show counts"), a page past the end kept filtered, the
 intermediate page of an action that asks first (ask_first(), confirmed()), the
 redirect back to a page (redirect_back()), and small HTML helpers (badges, codes,
 the delivery buttons), whose markup is in templates/admin/deliveries/."""
@@ -8,8 +9,10 @@ import functools
 
 from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.templatetags.admin_urls import admin_urlname
-from django.core.paginator import Paginator
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.core.paginator import InvalidPage, Paginator
 from django.forms import Media
 from django.http import Http404, HttpResponseRedirect
 from django.template.loader import render_to_string
@@ -60,8 +63,16 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self):
-        count = self.object_list[: self.CAP + 1].count()
-        return AtLeast(count) if count > self.CAP else count
+        return capped_count(self.object_list)
+
+
+def capped_count(queryset) -> int:
+    """The number of rows of `queryset`, counting at most CappedCountPaginator.CAP
+    + 1 of them (a LIMIT subquery): an AtLeast past the cap. The list's own count,
+    and each of its filters' "Show counts"."""
+    cap = CappedCountPaginator.CAP
+    count = queryset[: cap + 1].count()
+    return AtLeast(count) if count > cap else count
 
 
 def ask_first(
@@ -164,11 +175,43 @@ def redirect_back(request, url: str, fallback: str) -> HttpResponseRedirect:
     return HttpResponseRedirect(url)
 
 
+class PastTheEnd(Exception):
+    """A change list asked for a page it does not have; `url` is its nearest page."""
+
+    def __init__(self, url: str):
+        super().__init__(url)
+        self.url = url
+
+
+class PageKeepingChangeList(ChangeList):
+    """A page number out of range (?p=500, ?p=0) goes to the nearest page with the
+    same filters and search, where Django drops them all (?e=1)."""
+
+    def get_results(self, request):
+        try:
+            super().get_results(request)
+        except IncorrectLookupParameters as exc:
+            if not isinstance(exc.__context__, InvalidPage):
+                raise
+            paginator = self.model_admin.get_paginator(request, self.queryset, self.list_per_page)
+            page = paginator.num_pages if self.page_num > 1 else 1
+            raise PastTheEnd(request.path + self.get_query_string({PAGE_VAR: page})) from exc
+
+
 class OwnedAdmin(ModelAdmin):
     """Scopes every query to the requesting user's webhooks."""
 
     def get_queryset(self, request):
         return super().get_queryset(request).visible_to(request.user)
+
+    def get_changelist(self, request, **kwargs):
+        return PageKeepingChangeList
+
+    def changelist_view(self, request, extra_context=None):
+        try:
+            return super().changelist_view(request, extra_context)
+        except PastTheEnd as past:
+            return HttpResponseRedirect(past.url)
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)

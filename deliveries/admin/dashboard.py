@@ -1,4 +1,5 @@
-"""Figures for the admin index: the engines' heartbeats and the last 24 hours.
+"""Figures for the admin index: the engines' heartbeats, the last 24 hours, and
+alerts that reached nobody.
 
 The page reloads its figures every few seconds from live() (admin.js replaces the
 block in place), so every query here reads an index range of the last day or a
@@ -10,8 +11,10 @@ import datetime
 from django.db.models import Avg, CharField, Count, Q
 from django.db.models.functions import Cast, Substr
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 
+from deliveries import alerts as alerting
 from deliveries.admin import health
 from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Target
 
@@ -197,6 +200,49 @@ def engines(now):
     return found
 
 
+# How far back the dashboard looks for alerts that reached nobody.
+UNSENT_WINDOW = datetime.timedelta(days=7)
+# The end of the outcome alerts.py records for an owner without an address.
+NO_ADDRESS = "has no email address"
+
+
+def unsent_alerts(user, now, limit=50):
+    """Whose alerts of the last UNSENT_WINDOW went nowhere, per owner: recorded as
+    not emailed for lack of an address and not posted either, the owner still
+    without an address and the webhook without an alert URL. [{owner, alerts,
+    webhooks, account}], `account` the owner's page where this user may edit it."""
+    alerts = (
+        Alert.objects.visible_to(user)
+        .filter(
+            created_at__gte=now - UNSENT_WINDOW,
+            email__endswith=NO_ADDRESS,
+            target__webhook__owner__email="",
+            target__webhook__alert_url="",
+        )
+        .exclude(slack=alerting.SENT)
+        .select_related("target__webhook__owner")
+        .order_by("-created_at")[:limit]
+    )
+    may_edit = user.has_perm("auth.change_user")
+    found = {}
+    for alert in alerts:
+        webhook = alert.target.webhook
+        owner = found.setdefault(
+            webhook.owner_id,
+            {
+                "owner": webhook.owner,
+                "alerts": 0,
+                "webhooks": {},
+                "account": reverse("admin:auth_user_change", args=[webhook.owner_id])
+                if may_edit
+                else None,
+            },
+        )
+        owner["alerts"] += 1
+        owner["webhooks"][webhook.pk] = webhook
+    return [{**owner, "webhooks": list(owner["webhooks"].values())} for owner in found.values()]
+
+
 def context(user, now=None):
     now = now or timezone.now()
     since = now - datetime.timedelta(hours=HOURS)
@@ -217,6 +263,8 @@ def context(user, now=None):
         "paused_targets": list(
             targets.filter(paused=True).select_related("webhook").order_by("-paused_at")[:10]
         ),
+        "unsent_alerts": unsent_alerts(user, now),
+        "unsent_days": UNSENT_WINDOW.days,
         "alerts": list(
             Alert.objects.visible_to(user)
             .select_related("target__webhook")

@@ -1,5 +1,6 @@
 """How a target is doing: the figures the admin shows on the target list, the
-webhook page and the dashboard.
+webhook page and the dashboard; and a webhook's grade (healthy, degraded, failing)
+on the webhook list.
 
 Attempts are read from DeliveryResult by (target, created_at), one index range per
 target over the last WINDOW. A list of targets costs a constant number of queries
@@ -15,7 +16,22 @@ import datetime
 import math
 from dataclasses import dataclass
 
-from django.db.models import Count, F, Func, IntegerField, OuterRef, Q, Subquery
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    ExpressionWrapper,
+    F,
+    FloatField,
+    Func,
+    IntegerField,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
+from django.db.models.lookups import GreaterThan, GreaterThanOrEqual
 from django.utils import timezone
 
 from deliveries.models import DeliveryResult, EngineStatus, Target
@@ -23,6 +39,14 @@ from deliveries.models import DeliveryResult, EngineStatus, Target
 WINDOW = datetime.timedelta(hours=24)
 # The run of failures is counted over at most this many of the latest attempts.
 RUN_LIMIT = 1000
+
+# A webhook's grade, by the share of its deliveries finished within WINDOW that
+# failed (every retry spent): at least DEGRADED_SHARE, or any delivery waiting for a
+# retry now, is degraded; at least FAILING_SHARE is failing.
+HEALTHY, DEGRADED, FAILING = "healthy", "degraded", "failing"
+GRADES = [HEALTHY, DEGRADED, FAILING]
+DEGRADED_SHARE = 0.01
+FAILING_SHARE = 0.20
 
 
 @dataclass(frozen=True)
@@ -163,3 +187,20 @@ def _percentile(results, count: int, fraction: float) -> int | None:
     ranked = results.order_by("duration_ms").values_list("duration_ms", flat=True)
     # A slice, not an index: rows pruned since the count make it come back empty.
     return next(iter(ranked[rank - 1 : rank]), None)
+
+
+def grade(failed, delivered, retrying) -> Case:
+    """The grade (HEALTHY, DEGRADED, FAILING) as SQL, from three integer
+    expressions: the window's failed and delivered deliveries, those retrying now.
+    One expression for the column, its filter and its sort alike."""
+
+    def share_at_least(share):
+        floor = ExpressionWrapper(Value(share) * (failed + delivered), output_field=FloatField())
+        return Q(GreaterThan(failed, 0), GreaterThanOrEqual(failed, floor))
+
+    return Case(
+        When(share_at_least(FAILING_SHARE), then=Value(FAILING)),
+        When(share_at_least(DEGRADED_SHARE) | Q(GreaterThan(retrying, 0)), then=Value(DEGRADED)),
+        default=Value(HEALTHY),
+        output_field=CharField(),
+    )

@@ -20,6 +20,7 @@ from deliveries.admin.base import OwnedAdmin, ask_first, posted_urls, redirect_b
 from deliveries.admin.filters import TargetWebhookFilter
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import Delivery, Target
+from deliveries.targets import TARGET_TYPES
 
 
 def breaker_text(breaker: health.Breaker | None) -> str:
@@ -80,16 +81,52 @@ TARGET_FIELDSETS = [
 ]
 
 
+def folded(fieldsets: list, fold: bool = True) -> list:
+    """The fieldsets collapsed (fold) or open."""
+    found = []
+    for name, options in fieldsets:
+        classes = [css for css in options.get("classes", []) if css != "collapse"]
+        found.append((name, {**options, "classes": classes + ["collapse"] * fold}))
+    return found
+
+
+def compact_type_fieldsets() -> list:
+    """Each type's main field in sight (the URL), the rest of its fields folded."""
+    fieldsets = []
+    for type_, names in TargetForm.type_fields.items():
+        kind, css = TARGET_TYPES[type_], [f"wh-type-{type_}"]
+        main = [name for name in names if name == kind.main_field]
+        rest = [name for name in names if name != kind.main_field]
+        if main:
+            fieldsets.append((None, {"fields": main, "classes": css}))
+            if rest:
+                fieldsets += folded([(f"{kind.label} options", {"fields": rest, "classes": css})])
+        elif rest:
+            fieldsets.append((kind.label, {"fields": rest, "classes": css}))
+    return fieldsets
+
+
 class TargetInline(SigningSecretMixin, StackedInline):
+    """A target on its webhook's page, compact: name and type (wide enough to
+    read) on the first row, its URL, and every other section folded."""
+
     model = Target
     form = TargetForm
     extra = 0
     fieldsets = [
-        (None, {"fields": [("name", "type", "active"), "health_line"]}),
-        *TargetForm.type_fieldsets(),
-        *TARGET_FIELDSETS,
+        (None, {"fields": [("name", "type"), ("active", "health_line")]}),
+        *compact_type_fieldsets(),
+        *folded(TARGET_FIELDSETS),
     ]
     readonly_fields = ["health_line", "signing_secret_view"]
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if request.method == "POST":
+            # The page came back with errors: every section open. (Django keeps a
+            # section folded when the error is in a row of two fields.)
+            return folded(fieldsets, fold=False)
+        return fieldsets
 
     def get_formset(self, request, obj=None, **kwargs):
         self._breakers = health.breakers()  # inline instances are made per request

@@ -1,16 +1,17 @@
-"""Webhooks: the list with counts and health, the page with entrypoints and targets
-inline."""
-
-import datetime
+"""Webhooks: the list with counts and health, the page with its inbound URLs and a
+curl to try them on top, entrypoints and targets inline."""
 
 from django.contrib import admin
+from django.contrib.admin.options import IS_POPUP_VAR
 from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, URLField
+from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from unfold.admin import TabularInline
 
 from deliveries import ssrf
+from deliveries.admin import health
 from deliveries.admin.base import OwnedAdmin, OwnerMixin, copyable_text, posted_urls
 from deliveries.admin.filters import HealthFilter
 from deliveries.admin.targets import TargetInline
@@ -47,11 +48,24 @@ class EntrypointInline(TabularInline):
         )
 
 
+# What a new user pastes into a terminal to see an event arrive.
+TRY_IT = "curl -X POST {url} -H 'Content-Type: application/json' -d '{{\"hello\": \"world\"}}'"
+
+
+def inbound_panel(webhook, request) -> list[dict]:
+    """The active entrypoints' URLs, each with a curl that posts to it."""
+    urls = [e.inbound_url(request) for e in webhook.entrypoints.filter(active=True)]
+    return [{"url": url, "curl": TRY_IT.format(url=url)} for url in urls]
+
+
 def trust_summary(entrypoint) -> str:
     parts = [entrypoint.get_verification_display() if entrypoint.verification != "none" else ""]
     if entrypoint.dedup:
         parts.append(f"dedup by {entrypoint.id_source}")
     return " · ".join(p for p in parts if p) or "none"
+
+
+GRADE_CSS = {health.HEALTHY: "wh-ok", health.DEGRADED: "wh-warn", health.FAILING: "wh-bad"}
 
 
 def _subcount(queryset):
@@ -86,7 +100,14 @@ class WebhookAdmin(OwnerMixin, OwnedAdmin):
             return super().changeform_view(request, object_id, form_url, extra_context)
 
     def get_queryset(self, request):
-        since = timezone.now() - datetime.timedelta(hours=24)
+        since = timezone.now() - health.WINDOW
+
+        def finished(status):
+            return _subcount(
+                Delivery.objects.filter(
+                    target__webhook=OuterRef("pk"), status=status, updated_at__gte=since
+                )
+            )
 
         return (
             super()
@@ -96,31 +117,51 @@ class WebhookAdmin(OwnerMixin, OwnedAdmin):
                 events_24h=_subcount(
                     Event.objects.filter(webhook=OuterRef("pk"), received_at__gte=since)
                 ),
-                failed_24h=_subcount(
-                    Delivery.objects.filter(
-                        target__webhook=OuterRef("pk"), status="failed", updated_at__gte=since
-                    )
-                ),
+                failed_24h=finished(Delivery.Status.FAILED),
+                delivered_24h=finished(Delivery.Status.DELIVERED),
                 retrying_now=_subcount(
                     Delivery.objects.filter(target__webhook=OuterRef("pk"), status="retrying")
                 ),
                 targets_count=Count("targets", distinct=True),
             )
+            .annotate(
+                health_grade=health.grade(F("failed_24h"), F("delivered_24h"), F("retrying_now"))
+            )
         )
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None and obj.pk:
+            context["inbound"] = inbound_panel(obj, request)
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def response_add(self, request, obj, post_url_continue=None):
+        """A new webhook's page, whichever save button: its inbound URL is on top."""
+        response = super().response_add(request, obj, post_url_continue)
+        if "_addanother" in request.POST or IS_POPUP_VAR in request.POST:
+            return response
+        return HttpResponseRedirect(reverse("admin:deliveries_webhook_change", args=[obj.pk]))
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
         form.instance.ensure_entrypoint()
 
-    @admin.display(description="Health")
+    @admin.display(description="Health", ordering="health_grade")
     def health(self, obj):
-        if obj.failed_24h:
-            css, title, text = "wh-bad", "failed deliveries in the last 24 h", "failing"
-        elif obj.retrying_now:
-            css, title, text = "wh-warn", "deliveries waiting for a retry", "retrying"
+        """The grade (health.grade()) and what it was read from."""
+        finished = obj.failed_24h + obj.delivered_24h
+        if finished:
+            share = 100 * obj.failed_24h / finished
+            said = [f"{share:.1f} % of {finished} deliveries failed (24 h)"]
         else:
-            css, title, text = "wh-ok", "nothing failed in the last 24 h", "ok"
-        return format_html('<span class="wh-dot {}" title="{}">●</span> {}', css, title, text)
+            said = ["no delivery finished (24 h)"]
+        if obj.retrying_now:
+            said.append(f"{obj.retrying_now} waiting for a retry")
+        return format_html(
+            '<span class="wh-dot {}">●</span> {} <span class="wh-quiet">{}</span>',
+            GRADE_CSS[obj.health_grade],
+            obj.health_grade,
+            "; ".join(said),
+        )
 
     @admin.display(description="Events (24 h)", ordering="events_24h")
     def events_24h(self, obj):

@@ -1,7 +1,9 @@
 """A real browser walks the console's whole journey, on a desktop and on a phone.
 
-Create a webhook with two targets, send events, find one by its provider id and
-one by payload text, open a failed delivery, Retry now, and watch it turn
+Create a webhook with two targets (styled inputs, the type readable, each target
+compact), land on its page with the inbound URL and a curl on top, send events,
+find one by its provider id and one by payload text, open a failed delivery,
+Retry now, watch its page reload itself until the attempt is in, and see it
 delivered on the dashboard, which refreshes itself. Screenshots of every step go
 to tests/artifacts/<width>-<step>.png; at 390 px no page scrolls sideways.
 
@@ -36,6 +38,21 @@ FLAGS = [
     "--disable-sync",
 ]
 VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
+
+
+# Whether the select's chosen option fits in it, uncut ("HTTP en…" did not).
+TYPE_READS_WHOLE = """(selector) => {
+  const select = document.querySelector(selector);
+  const style = getComputedStyle(select);
+  const context = document.createElement("canvas").getContext("2d");
+  context.font = `${style.fontWeight} ${style.fontSize} ${style.fontFamily}`;
+  const text = select.options[select.selectedIndex].text;
+  const room = select.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  return context.measureText(text).width <= room;
+}"""
+HAS_BORDER = (
+    "(selector) => getComputedStyle(document.querySelector(selector)).borderTopWidth !== '0px'"
+)
 
 
 @pytest.fixture
@@ -101,13 +118,21 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
             page.fill(f"#id_targets-{n}-name", name)
             page.select_option(f"#id_targets-{n}-type", "http")
             page.fill(f"#id_targets-{n}-url", sink.url(path))
-            page.fill(f"#id_targets-{n}-max_retries", "3")
+            # Retries by default, in the folded Delivery section.
+            assert page.input_value(f"#id_targets-{n}-max_retries") == "5"
+            target = page.locator(".form-group", has=page.locator(f"#id_targets-{n}-name"))
+            assert page.evaluate(TYPE_READS_WHOLE, f"#id_targets-{n}-type")
+            for field in ("url", "headers", "timeout"):
+                assert page.evaluate(HAS_BORDER, f"#id_targets-{n}-{field}"), field
+            if width > 1000:  # a target no longer takes a screen and a half
+                assert target.bounding_box()["height"] < 700
         journey.step("2-webhook-form")
-        page.click("[name=_continue]")
-        page.wait_for_selector(".wh-url")
+        page.click("[name=_save]")  # a new webhook's page follows, whichever button
+        page.wait_for_selector("#wh-inbound .wh-url")
         inbound = page.inner_text(".wh-url")
         hook = Webhook.objects.get(name="From the browser")
         assert inbound == f"{base}/webhook/{hook.entrypoints.get().code}"
+        assert f"curl -X POST {inbound} -H" in page.inner_text("#wh-inbound")
         journey.step("3-webhook")
 
         # Events: the sender's id read from X-GitHub-Delivery.
@@ -156,10 +181,14 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
         assert "Response 503" in page.inner_text(".wh-attempt")
         journey.step("7-delivery")
 
-        # Retry now, then watch the dashboard, which refreshes itself.
+        # Retry now: the delivery's page reloads itself until the attempt is in...
         with page.expect_navigation():  # the button posts, then the page comes back
             page.click("button:text('Retry now')")
         page.wait_for_selector("text=It will be attempted now.")
+        page.wait_for_selector(".wh-attempt:has-text('Response 200')", timeout=30_000)
+        assert not page.locator("meta[http-equiv=refresh]").count()  # delivered: still
+        journey.step("7b-delivery-delivered")
+        # ...then watch the dashboard, which refreshes its figures in place.
         journey.go("/admin/")
         # A mark on the page that a reload would wipe: the figures change under it.
         page.evaluate("window.stayed = document.getElementById('wh-dashboard').dataset.updated")

@@ -10,8 +10,9 @@ document.addEventListener("click", (event) => {
 });
 
 function showTypeFields(select) {
-  // A target in the webhook's inline, or alone on its own page.
-  const form = select.closest(".inline-related") || select.form;
+  // A target in the webhook's inline (unfold's .form-group, Django's
+  // .inline-related), or alone on its own page.
+  const form = select.closest(".form-group, .inline-related") || select.form;
   if (!form) return;
   for (const box of form.querySelectorAll("[class*='wh-type-']")) {
     box.style.display = box.classList.contains("wh-type-" + select.value) ? "" : "none";
