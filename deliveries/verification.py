@@ -416,7 +416,7 @@ def _json_path(body: bytes, path: str):
     except (ValueError, RecursionError):
         return None
     for name in path.split("."):
-        if isinstance(value, list) and name.isdigit():
+        if isinstance(value, list) and name.isascii() and name.isdigit():
             # A list's element by its index (SendGrid posts a list of events).
             index = int(name)
             value = value[index] if index < len(value) else None

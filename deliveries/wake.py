@@ -12,7 +12,7 @@ import socket
 import threading
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 CHANNEL = "webhooker_deliveries"
 SOCKET_NAME = "rundelivery.sock"
@@ -29,7 +29,15 @@ def socket_path() -> str:
 def notify_on_commit(connection) -> None:
     """Arrange for the engine to be woken once the current transaction commits."""
     if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
+        if connection.in_atomic_block:
+            # Part of the transaction: delivered at its COMMIT. A failure here must
+            # fail the transaction, which cannot go on anyway.
+            with connection.cursor() as cursor:
+                cursor.execute(f"NOTIFY {CHANNEL}")
+            return
+        # Autocommit: what it wakes for is committed already, and must not turn
+        # into an error because the hint could not be sent.
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")
     else:
         # robust: nothing raised after COMMIT may turn a stored event into an error.

@@ -33,18 +33,23 @@ class CircuitBreaker:
 
     def allow(self) -> float | None:
         """None if an attempt may go now, else the clock time to try again."""
+        return self.admit()[0]
+
+    def admit(self) -> tuple[float | None, bool]:
+        """As allow(), and whether this call took the half-open probe (which its
+        caller must record() or abandon())."""
         with self._lock:
             if self.state == self.CLOSED:
-                return None
+                return None, False
             now = self._clock()
             if self.state == self.OPEN:
                 if now < self.opened_until:
-                    return self.opened_until
+                    return self.opened_until, False
                 self.state = self.HALF_OPEN
-                return None
+                return None, True
             # The probe is out: the others come back a cooldown later, by when its
             # result is known, rather than circling through the channel meanwhile.
-            return now + self.cooldown
+            return now + self.cooldown, False
 
     def record(self, success: bool) -> str | None:
         """Count an attempt's outcome; return CLOSED or OPEN when the state changed
@@ -69,8 +74,9 @@ class CircuitBreaker:
             return None
 
     def abandon(self) -> None:
-        """An attempt `allow()` let go was not made after all (the lease ran out, the
-        database failed): if it was the probe, the next attempt probes instead."""
+        """The probe admit() handed out is not sent now (its rate-limit slot lies
+        ahead, the lease ran out, the database failed): the next attempt probes
+        instead. Only its holder calls this."""
         with self._lock:
             if self.state == self.HALF_OPEN:
                 self.state = self.OPEN

@@ -244,6 +244,7 @@ class Engine:
                 # slot or an ownership reference: the row keeps its status and
                 # recovery takes it again.
                 logger.exception("delivery %s: unexpected error", task.delivery_id)
+                self._give_back_probe(task)
                 self.release(task)
             finally:
                 task = self.gate.leave(task.target_id)
@@ -284,8 +285,8 @@ class Engine:
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return
         breaker = self.breakers.get(task.target_id) if state.retries else None
-        if breaker is not None:
-            retry_at = breaker.allow()
+        if breaker is not None and not task.probing:
+            retry_at, task.probing = breaker.admit()
             if retry_at is not None:
                 # Deferred, not attempted: ownership kept, attempt not counted.
                 task.deferred = True
@@ -297,25 +298,25 @@ class Engine:
             slot = self.limits.reserve(task.target_id, state.rate_limit, now)
             if slot > now:
                 task.slotted = True  # its slot is reserved: attempted when it comes
+                self._give_back_probe(task)
                 self.schedule(task, slot)
                 return
         task.slotted = False
         try:
             body = read_body(task) if body is None else body
         except DatabaseError:
-            if breaker is not None:
-                breaker.abandon()
+            self._give_back_probe(task)
             self._database_trouble(task)
             return
         if not self.partitions.may_attempt(task.target_id):
             # It ran out while the body was read: checked again just before sending.
-            if breaker is not None:
-                breaker.abandon()
+            self._give_back_probe(task)
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return
         result = attempts.attempt(
             task, body, base=self.config.backoff_base, cap=self.config.backoff_cap
         )
+        task.probing = False  # recorded just below
         if breaker is not None:
             change = breaker.record(result.outcome.success)
             if change == CircuitBreaker.CLOSED:
@@ -331,6 +332,13 @@ class Engine:
                     task.deferred = True
         metrics.attempt_made(state.type, result.status, result.duration_ms)
         self.finish(result)
+
+    def _give_back_probe(self, task: Task) -> None:
+        """The task holds its breaker's probe and is not sent now: the next attempt
+        probes instead (never the task that is not sending it)."""
+        if task.probing:
+            task.probing = False
+            self.breakers.get(task.target_id).abandon()
 
     def _database_trouble(self, task: Task) -> None:
         # The engine's trouble, not the target's: no attempt is made or counted.

@@ -163,6 +163,8 @@ class PartitionManager:
         self._lost_renewal = None
         # Locked, epoch taken, not yet in use: {partition: (epoch, usable from)}.
         self._taken: dict[int, tuple[int, float]] = {}
+        # A release met a writer's fence this step (see _release).
+        self._fenced_this_step = False
         # Called after the partitions held changed (the runner writes the heartbeat,
         # so the dashboard and the healthcheck see it now, not a beat later).
         self.on_change = None
@@ -196,12 +198,15 @@ class PartitionManager:
             # This engine's earlier lock session, if the server has not noticed yet
             # that it is gone (a cut connection): ended now, so its locks are free
             # for whoever takes them rather than held until its keepalives fail.
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE application_name = %s AND datname = current_database() "
-                "AND pid <> pg_backend_pid()",
-                (self.application_name,),
-            )
+            # By its pid: application names are cut at 63 characters, and two
+            # engines' may read the same.
+            if self.backend_pid is not None:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE pid = %s AND application_name = %s "
+                    "AND datname = current_database() AND pid <> pg_backend_pid()",
+                    (self.backend_pid, self.application_name),
+                )
             # A member key of its own per session: never waiting on the old one's.
             self.member = random.randint(1, 2**31 - 1)
             check_session(conn, self.member)
@@ -284,6 +289,7 @@ class PartitionManager:
 
     def _step(self) -> None:
         now = self.clock()
+        self._fenced_this_step = False
         if not self.healthy():
             # Stuck: stop attempting and let every partition go at once, member lock
             # included, so the others take them now rather than after an eviction;
@@ -345,7 +351,9 @@ class PartitionManager:
         done = threading.Event()
 
         def renew():
-            while not done.wait(self.TICK) and self.renew():
+            # A stuck engine's lease must still run out: renewed only while its
+            # loops move.
+            while not done.wait(self.TICK) and self.healthy() and self.renew():
                 pass
 
         helper = threading.Thread(target=renew, name="lease-renewal", daemon=True)
@@ -407,8 +415,10 @@ class PartitionManager:
                             raise
                         # Its row is held by a writer's fence for longer than the
                         # lock timeout: left for a later step, the connection fine.
+                        # No more takes this step: waits must not add up past the
+                        # lease between two renewals.
                         self._unlock(p)
-                        continue
+                        break
                     taken.append(p)
                     epoch, wait = row
                     # Locked is owned: used once the previous holder's lease is over.
@@ -435,14 +445,16 @@ class PartitionManager:
 
     def _release(self, p: int, epoch: int | None) -> None:
         """Say the partition is free (the next holder need not wait out this
-        engine's lease), and unlock it."""
-        if epoch is not None:
+        engine's lease), and unlock it. After one release met a writer's fence past
+        the lock timeout, the rest of the step only unlock (their next holders wait
+        out the lease): waits must not add up between two renewals."""
+        if epoch is not None and not self._fenced_this_step:
             try:
                 self.conn.execute(RELEASE, (p, epoch))
             except Exception as exc:
                 if not lock_timed_out(exc):
                     raise
-                # Unlocked all the same: the next holder waits out the lease.
+                self._fenced_this_step = True
         self._unlock(p)
 
     def _unlock(self, p: int) -> None:
@@ -459,8 +471,14 @@ class PartitionManager:
             self.conn.execute(LEAVE, (self.name,))
             self.conn.execute("SELECT pg_advisory_unlock(%s, %s)", (MEMBER_NAMESPACE, self.member))
             # Locked but not in use yet: nothing of them is held, so they go at once.
-            for p, (epoch, _) in sorted(self._taken.items()):
-                self._release(p, epoch)
+            # One whose previous holder's lease may still run is only unlocked (its
+            # next holder must wait that lease out); one already claimable (its
+            # recovery failed and waits for a retry) is drained below instead.
+            now = self.clock()
+            for p, (epoch, usable_from) in sorted(self._taken.items()):
+                if p in self.partitions.held:
+                    continue
+                self._release(p, epoch if usable_from <= now else None)
             if self._taken:
                 self._taken.clear()
                 self.conn.execute(f"NOTIFY {HANDOVER_CHANNEL}")

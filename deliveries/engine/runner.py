@@ -253,10 +253,12 @@ class Runner:
             self._join(name, timeout)
         for task in engine.scheduler.stop():
             engine.release(task)  # stays `retrying` with its next_attempt_at
-        if self.manager is not None:
+        if self.manager is not None and not self._alive("partitions"):
             # Each partition to the others as soon as its attempts' results are
             # written (the workers and the writer go on meanwhile), not all at the
-            # end: a rolling restart leaves no partition unheld for long.
+            # end: a rolling restart leaves no partition unheld for long. Not while
+            # the partitions thread is still in a step (it owns the manager's
+            # state): then the locks go when the connection closes, below.
             self.manager.leave(timeout)
         self._join("workers", timeout)
         # Every running attempt has handed its result over: write them all.
@@ -336,6 +338,9 @@ class Runner:
         )
         self._threads.setdefault(group, []).append(thread)
         thread.start()
+
+    def _alive(self, group: str) -> bool:
+        return any(thread.is_alive() for thread in self._threads.get(group, []))
 
     def _join(self, group: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -46,6 +46,8 @@ class Task:
     deferred: bool = False
     # Holds a slot of the target's rate limit: attempted when it comes due.
     slotted: bool = False
+    # Holds its target's half-open breaker probe: it is sent next, or given back.
+    probing: bool = False
     # (partition, epoch) when it was claimed: its result is written only while that
     # epoch is the partition's current one (writer.py). None: nothing to fence
     # (SQLite's one engine, or an engine driven without a partition manager).

@@ -324,7 +324,7 @@ def test_a_take_waiting_on_a_writers_fence_gives_up_that_partition_alone():
         writer.execute("SELECT 1 FROM deliveries_partition WHERE number = 0 FOR SHARE")
         first.step()
         assert first.conn is not None and first.lease.valid()
-        assert first.partitions.held == {1}
+        assert 0 not in first.partitions.held
         writer.execute("COMMIT")
         first.step()
         assert first.partitions.held == {0, 1}
@@ -370,4 +370,29 @@ def test_a_long_take_keeps_the_lease_renewed():
         assert first.partitions.held == {0, 1}
         assert first.lease.valid()
     finally:
+        first.close()
+
+
+def test_a_reconnecting_engine_ends_only_its_own_earlier_session():
+    """Application names are cut at 63 characters, so two engines' may read the
+    same: a reconnect ends its own previous session by pid, never a namesake's."""
+    postgresql_only()
+    first = manager("first")
+    namesake = open_raw_connection()
+    try:
+        namesake.execute(
+            "SELECT set_config('application_name', %s, false)", (first.application_name,)
+        )
+        first.step()
+        old = first.backend_pid
+        first.lost()
+        first._retry_at = 0.0
+        first.step()  # reconnects
+        assert first.backend_pid != old
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [old])
+            assert cursor.fetchone()[0] == 0  # its own old session: ended (or gone)
+        assert namesake.execute("SELECT 1").fetchone() == (1,)  # the namesake: untouched
+    finally:
+        namesake.close()
         first.close()

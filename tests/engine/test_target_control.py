@@ -344,3 +344,28 @@ def test_a_paused_backlog_does_not_hide_stranded_rows_from_the_tick(
     engine = make_engine(stale_after=60)
     assert engine.recover_once() == 1  # a tick: it reaches past the held rows
     assert [t.delivery_id for t in engine.channel.drain()] == [stranded.id]
+
+
+def test_a_probe_that_must_wait_for_its_rate_limit_slot_is_given_back(
+    entrypoint, make_target, sink
+):
+    """A half-open breaker's probe taken by a task whose rate-limit slot lies
+    ahead: the probe goes back, so the breaker does not wait forever on a probe
+    nobody sends (review finding)."""
+    target = make_target(url=sink.url("/r"), rate_limit=1, max_retries=5)
+    clock = FakeClock()
+    engine = started_engine(clock=clock)
+    store(entrypoint, n=2)
+    engine.intake_once()
+    engine.process_one()  # the first: sent, the next slot reserved a second on
+    assert len(sink.requests("/r")) == 1
+    breaker = engine.breakers.get(target.pk)
+    breaker.state, breaker.opened_until = breaker.OPEN, clock.now  # cooldown over
+    engine.process_one()  # takes the probe, then must wait for its slot
+    assert len(sink.requests("/r")) == 1
+    clock.now += 1.0
+    assert engine.scheduler.release_due() == 1
+    while engine.process_one():
+        pass
+    assert len(sink.requests("/r")) == 2  # the probe went
+    assert breaker.state == breaker.CLOSED

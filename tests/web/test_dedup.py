@@ -140,6 +140,7 @@ def test_stripe_default_is_the_body_id(client, entrypoint):
         # A list's element by its index, as SendGrid posts a list of events.
         ("json:0.sg_event_id", b'[{"sg_event_id": "sg-1"}, {"sg_event_id": "sg-2"}]', {}, "sg-1"),
         ("json:2.sg_event_id", b'[{"sg_event_id": "sg-1"}]', {}, ""),
+        ("json:\u00b2", b"[1, 2, 3]", {}, ""),  # a digit int() does not read
         ("json:data.id", b'{"data": ["not", "an", "object"]}', {}, ""),
         ("json:id", b"not json at all", {}, ""),
         ("json:id", b'{"id": {"nested": 1}}', {}, ""),

@@ -97,10 +97,10 @@ class Command(BaseCommand):
             running = [child for child in children if child.popen.poll() is None]
             if not running:
                 break
-            if forwarded < max(1, len(signals)):
+            while forwarded < max(1, len(signals)):
                 for child in running:
                     child.popen.send_signal(signal.SIGTERM)
-                forwarded = max(1, len(signals))
+                forwarded += 1
             time.sleep(self.TICK)
         codes = {child.name: child.popen.returncode for child in children}
         failed = {name: code for name, code in codes.items() if code not in (0, -signal.SIGTERM)}
