@@ -37,10 +37,12 @@ MEMBER_NAMESPACE = 0x7769
 
 def lock_holders(cursor) -> dict[int, list[int]]:
     """{partition: backend pids holding its lock}, read through a DB-API `cursor`
-    (the healthy state: one pid for every partition)."""
+    (the healthy state: one pid for every partition). This database's locks only:
+    advisory locks are per database, pg_locks shows the whole server's."""
     cursor.execute(
         "SELECT objid, pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-        "AND objsubid = 2 AND granted",
+        "AND objsubid = 2 AND granted AND database = "
+        "(SELECT oid FROM pg_database WHERE datname = current_database())",
         [LOCK_NAMESPACE],
     )
     found = {}
