@@ -29,15 +29,12 @@ def socket_path() -> str:
 def notify_on_commit(connection) -> None:
     """Arrange for the engine to be woken once the current transaction commits."""
     if connection.vendor == "postgresql":
-        if connection.in_atomic_block:
-            # Part of the transaction: delivered at its COMMIT. A failure here must
-            # fail the transaction, which cannot go on anyway.
-            with connection.cursor() as cursor:
-                cursor.execute(f"NOTIFY {CHANNEL}")
-            return
-        # Autocommit: what it wakes for is committed already, and must not turn
-        # into an error because the hint could not be sent.
-        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+        # In a transaction the NOTIFY is delivered at its COMMIT, and its failure
+        # fails the transaction (which could not go on anyway). In autocommit what
+        # it wakes for is committed already, and must not turn into an error
+        # because the hint could not be sent.
+        ignored = () if connection.in_atomic_block else DatabaseError
+        with contextlib.suppress(ignored), connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {CHANNEL}")
     else:
         # robust: nothing raised after COMMIT may turn a stored event into an error.

@@ -285,7 +285,7 @@ class Engine:
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return
         breaker = self.breakers.get(task.target_id) if state.retries else None
-        if breaker is not None and not task.probing:
+        if breaker is not None:
             retry_at, task.probing = breaker.admit()
             if retry_at is not None:
                 # Deferred, not attempted: ownership kept, attempt not counted.

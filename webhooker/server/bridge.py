@@ -44,24 +44,19 @@ class Edge:
         probes: tuple[str, ...] = (),
     ):
         self.app = app
+        self.requests = _Lane(threads, threads + queue, "request")
         # Paths of the health and metrics probes: served on a thread of their own,
-        # outside the admission bound, so a worker busy with webhooks still answers
-        # whether it is healthy; PROBE_QUEUE of them at most wait for it.
+        # outside the requests' admission bound, so a worker busy with webhooks
+        # still answers whether it is healthy.
         self.probes = frozenset(probes)
-        self.probe_executor = ThreadPoolExecutor(1, thread_name_prefix="probe")
-        self.probes_inflight = 0
+        self.probe_lane = _Lane(1, PROBE_QUEUE, "probe")
         # Bytes of request bodies this worker may hold at once, beyond each one's
         # first SMALL_BODY, and how many it holds: only the event loop's thread
         # touches it.
         self.body_buffer = body_buffer
         self.buffered = 0
-        self.limit = threads + queue
         self.body_timeout = body_timeout
         self.max_body = max_body
-        self.executor = ThreadPoolExecutor(threads, thread_name_prefix="request")
-        # Requests admitted and not yet answered; only the event loop's thread
-        # touches it, so it needs no lock.
-        self.inflight = 0
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -93,8 +88,8 @@ class Edge:
                 close=True,
             )
             return
-        probe = scope["path"] in self.probes
-        if (self.probes_inflight >= PROBE_QUEUE) if probe else (self.inflight >= self.limit):
+        lane = self.probe_lane if scope["path"] in self.probes else self.requests
+        if lane.inflight >= lane.limit:
             await answer(
                 send,
                 503,
@@ -106,23 +101,17 @@ class Edge:
         gone = threading.Event()
         environ = wsgi_environ(scope, body, gone)
         environ[ARRIVED] = time.monotonic()
-        if probe:
-            self.probes_inflight += 1
-        else:
-            self.inflight += 1
+        lane.inflight += 1
         # Watching for a hang-up means asking for more of the request, which is
         # what makes uvicorn send 100 Continue: not for a body left unread (too
         # large, refused whatever happens, nothing stored).
         watcher = asyncio.create_task(_watch(receive, gone)) if complete else None
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self.probe_executor if probe else self.executor, self._call, environ
+                lane.executor, self._call, environ
             )
         finally:
-            if probe:
-                self.probes_inflight -= 1
-            else:
-                self.inflight -= 1
+            lane.inflight -= 1
             if watcher is not None:
                 watcher.cancel()
         if result is None or gone.is_set():
@@ -207,10 +196,21 @@ class Edge:
             if message["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                self.executor.shutdown(wait=True)
-                self.probe_executor.shutdown(wait=True)
+                for lane in (self.requests, self.probe_lane):
+                    lane.executor.shutdown(wait=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+class _Lane:
+    """Threads requests run on, and how many may be admitted at once (running or
+    waiting for a thread); past it, 503 at once. `inflight` (admitted, not yet
+    answered) is touched only on the event loop's thread: no lock."""
+
+    def __init__(self, threads: int, limit: int, name: str):
+        self.executor = ThreadPoolExecutor(threads, thread_name_prefix=name)
+        self.limit = limit
+        self.inflight = 0
 
 
 class SenderGone(Exception):
