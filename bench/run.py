@@ -35,6 +35,11 @@ TARGETS = {
     "e2e_load_p99_ms": ("<=", 100),
     # Many engines on one PostgreSQL (issue 10): 4 engines / 1 on a 50 ms receiver.
     "scaleout_ratio_4": (">=", 3.5),
+    # Attempts in flight (issue 26; bench/inflight.py).
+    "slow_receiver_ratio": (">=", 0.85),
+    "engine_cpu_per_delivery_ratio": ("<=", 1.5),
+    "engine_rss_mb_5k_inflight": ("<=", 250),
+    "ordered_lane_ratio": (">=", 0.8),
 }
 
 

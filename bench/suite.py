@@ -28,14 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 # The processes start as the end-to-end tests start them (tests/support/processes.py).
-from bench import data, edge, load, scaleout  # noqa: E402
+from bench import data, edge, inflight, load, scaleout  # noqa: E402
 from tests.support.processes import Process, free_port, start_engine, start_web, wait_until  # noqa: E402
 
 SECONDS = float(os.environ.get("BENCH_SECONDS", "10"))
-BODY = json.dumps(
-    {"id": "evt_" + "0" * 20, "type": "invoice.paid", "data": {"blob": "x" * 940}}
-).encode()[:1024]
-BODY = BODY if len(BODY) == 1024 else BODY + b" " * (1024 - len(BODY))
+# 1 KiB JSON, every benchmark's event body.
+BODY = data.BODY
+drained_rate = data.drained_rate
+wait_delivered = data.wait_delivered
 
 
 def log(message):
@@ -251,39 +251,6 @@ def backlog(webhook, target, n):
             Delivery(event=e, target=target, created_at=now, updated_at=now) for e in events
         )
     return [d.id for d in created]
-
-
-def drained_rate(ids):
-    """Deliveries per second between the first and the last result written."""
-    from django.db.models import Max, Min
-
-    from deliveries.models import DeliveryResult
-
-    span = DeliveryResult.objects.filter(delivery_id__in=ids).aggregate(
-        a=Min("created_at"), b=Max("created_at")
-    )
-    seconds = (span["b"] - span["a"]).total_seconds()
-    return len(ids) / max(seconds, 1e-3)
-
-
-def wait_delivered(ids, timeout):
-    """Until every one of `ids` is delivered. Polled with one query that reads the
-    deliveries between the lowest and the highest id by the primary key: a backlog's
-    ids are consecutive, and none of them can be undelivered once nothing in their
-    range is (a delivery of someone else's in the range could only make the wait
-    longer). Asking for each id by name (900 bound parameters a query) cost the
-    measuring process 95 ms of CPU per poll with 8 000 ids, and PostgreSQL 60 ms more:
-    a third of a core taken from the engines being measured. The rates are read from
-    the results' own times (drained_rate), so the poll's interval costs no precision."""
-    from deliveries.models import Delivery
-
-    unfinished = Delivery.objects.filter(id__range=(min(ids), max(ids))).exclude(status="delivered")
-    wait_until(
-        lambda: not unfinished.exists(),
-        timeout=timeout,
-        interval=0.2,
-        message=f"{len(ids)} deliveries",
-    )
 
 
 def vacuum_between_phases():
@@ -530,6 +497,11 @@ def main():
                     data_dir, webhook, sink, SECONDS, backlog, drained_rate, wait_delivered
                 )
             )
+
+        # --- attempts in flight (bench/inflight.py) -------------------------------
+        vacuum_between_phases()
+        log("in flight: 200 targets answering at once and after 500 ms; an ordered lane; RSS")
+        figures.update(inflight.run(data_dir, webhook, BODY, SECONDS, wait_delivered, drained_rate))
 
         # --- memory ---------------------------------------------------------------
         log("engine memory with 10 000 tasks queued")

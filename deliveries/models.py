@@ -754,6 +754,8 @@ class EngineStatus(models.Model):
     channel_depth = models.PositiveIntegerField(default=0)
     inflight = models.PositiveIntegerField(default=0)
     busy_workers = models.PositiveIntegerField(default=0)
+    # HTTP attempts sent and not yet answered (DELIVERY_INFLIGHT at most).
+    attempts_in_flight = models.PositiveIntegerField(default=0)
     workers = models.PositiveIntegerField(default=0)
     open_breakers = models.PositiveIntegerField(default=0)
     # Every breaker that is not closed: {target id: {"state", "since", "until"}},

@@ -27,9 +27,9 @@ NAT64 = ipaddress.ip_network("64:ff9b::/96")
 
 
 class BlockedAddress(OSError):
-    """A connection to a refused address was not made. OSError, so that urllib3
-    treats it as the failed connection it is; the transport reports it as a
-    permanent failure."""
+    """A connection to a refused address was not made. OSError, so that the HTTP
+    client (aiohttp's connector, through targets/guard.py) treats it as the failed
+    connection it is; the transport reports it as a permanent failure."""
 
 
 @functools.lru_cache(maxsize=8)

@@ -335,13 +335,14 @@ METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 SIGNING_ROTATION_OVERLAP = _number("SIGNING_ROTATION_OVERLAP", 86_400.0, cast=float, minimum=0)
 
 # --- Delivery engine (docs/architecture.md, The engine); read when it is built -------------
-DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 10, minimum=1)
+DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 4, minimum=1)
+DELIVERY_INFLIGHT = _number("DELIVERY_INFLIGHT", 2000, minimum=1)
 DELIVERY_CHANNEL_SIZE = _number("DELIVERY_CHANNEL_SIZE", 10_000, minimum=1)
 DELIVERY_POLL_INTERVAL = _number("DELIVERY_POLL_INTERVAL", 1.0, cast=float, minimum=0.01)
 DELIVERY_RECOVERY_INTERVAL = _number("DELIVERY_RECOVERY_INTERVAL", 60.0, cast=float, minimum=0.01)
 DELIVERY_STALE_AFTER = _number("DELIVERY_STALE_AFTER", 900.0, cast=float, minimum=0)
 DELIVERY_RECOVERY_BATCH = _number("DELIVERY_RECOVERY_BATCH", 500, minimum=1)
-DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 4, minimum=1)
+DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 10, minimum=1)
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
 # A PEM bundle of the CAs that https targets may present (a private CA inside the
 # network); empty: the public roots.

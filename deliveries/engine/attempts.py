@@ -48,7 +48,25 @@ def attempt(task: Task, body: bytes, *, base: float, cap: float) -> AttemptResul
     """Send the task to its target (`task.target`) once, time it, and decide what
     comes next."""
     start = time.monotonic()
-    outcome = call_target(task, body)
+    return conclude(task, call_target(task, body), start, base=base, cap=cap)
+
+
+def request(task: Task, body: bytes):
+    """The HTTP request that makes this attempt (transport.Request), to be sent on
+    the client's loop, or None: the target delivers by itself (call_target), or
+    building the request failed (call_target then says how)."""
+    kind = TARGET_TYPES.get(task.target.type)
+    if kind is None:
+        return None
+    try:
+        return kind.request(task, body)
+    except Exception:
+        return None
+
+
+def conclude(task: Task, outcome: Outcome, start: float, *, base: float, cap: float):
+    """The result of an attempt that began at `start` (time.monotonic) and came to
+    `outcome`."""
     duration_ms = int((time.monotonic() - start) * 1000)
     status, delay = decide(task, outcome, retries=task.target.retries, base=base, cap=cap)
     result = AttemptResult(task, outcome, status, delay, duration_ms)

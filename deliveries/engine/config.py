@@ -15,7 +15,10 @@ from deliveries.engine.breaker import CircuitBreaker
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    workers: int = 10
+    # Threads that prepare attempts (and run the database and log targets).
+    workers: int = 4
+    # HTTP attempts one engine keeps in flight at once (sender.py).
+    inflight: int = 2000
     channel_size: int = 10_000
     # Seconds between intake passes when no wake hint arrives.
     poll_interval: float = 1.0
@@ -23,8 +26,8 @@ class EngineConfig:
     # A pending delivery untouched this long is taken by the recovery tick.
     stale_after: float = 900.0
     recovery_batch: int = 500
-    # Workers one target may occupy at once (invariant 7).
-    target_concurrency: int = 4
+    # Attempts one target may have running at once (invariant 7).
+    target_concurrency: int = 10
     backoff_base: float = 1.0
     backoff_cap: float = 3600.0
     breaker_cooldown: float = CircuitBreaker.COOLDOWN
@@ -40,6 +43,7 @@ class EngineConfig:
         """The DELIVERY_* settings, with `overrides` (None values ignored) on top."""
         values = {
             "workers": settings.DELIVERY_WORKERS,
+            "inflight": settings.DELIVERY_INFLIGHT,
             "channel_size": settings.DELIVERY_CHANNEL_SIZE,
             "poll_interval": settings.DELIVERY_POLL_INTERVAL,
             "recovery_interval": settings.DELIVERY_RECOVERY_INTERVAL,

@@ -40,6 +40,7 @@ from deliveries.engine.partitions import Partitions
 from deliveries.engine.ratelimit import RateLimits
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
+from deliveries.engine.sender import Sender
 from deliveries.engine.targetcache import TargetCache, TargetState
 from deliveries.engine.task import Task
 from deliveries.engine.writer import NotBefore, ResultWriter, Written
@@ -97,6 +98,7 @@ class Engine:
             alert_breaker_after=config.alert_breaker_after,
         )
         self.writer = ResultWriter(on_written=self.written, awaited=self.awaited)
+        self.sender = Sender(config.inflight)
         self.intake = Intake(
             claimer=self.claimer,
             channel=self.channel,
@@ -229,16 +231,18 @@ class Engine:
         self.process(task)
         return True
 
-    def process(self, task: Task) -> None:
-        """Attempt the task, and then its target's parked tasks while any wait."""
+    def process(self, task: Task) -> bool:
+        """Attempt the task, and then its target's parked tasks while any wait.
+        True when an attempt went on in flight (sender.py): its completion then
+        leaves the target's gate, and the room the worker reserved is its."""
         if not self.gate.enter(task):
-            return  # parked: the target has its share of workers
+            return False  # parked: the target has its share of attempts running
         while task is not None:
             try:
                 if self.stop_event.is_set():
                     self.release(task)
-                else:
-                    self.attempt(task)
+                elif self.attempt(task):
+                    return True
             except Exception:
                 # A bug must cost one delivery's promptness, never a worker, a
                 # slot or an ownership reference: the row keeps its status and
@@ -246,36 +250,37 @@ class Engine:
                 logger.exception("delivery %s: unexpected error", task.delivery_id)
                 self._give_back_probe(task)
                 self.release(task)
-            finally:
-                task = self.gate.leave(task.target_id)
+            task = self.gate.leave(task.target_id)
+        return False
 
-    def attempt(self, task: Task) -> None:
+    def attempt(self, task: Task) -> bool:
         """Attempt the task once, with its target as it is now, or write the result
-        an earlier turn could not."""
+        an earlier turn could not. True when the attempt is in flight on the HTTP
+        client's loop (completed() takes it from there)."""
         if task.unwritten is not None and self.partitions.holds(task.target_id):
             self.finish(task.unwritten)
-            return
+            return False
         if not self.partitions.claimed_under(task.target_id, task.fence):
             # Its partition is being handed over, or is gone with the lock
             # connection (and perhaps taken again since, under a new epoch): the
             # row keeps its status for whoever holds it now.
             self.let_stale_go(task)
-            return
+            return False
         state = self.targets.get(task.target_id)
         if state is None or state.held:
             # Deleted (its rows went with it), or paused or inactive (its rows wait
             # in the database, and are read again when it is resumed).
             self.release(task)
-            return
+            return False
         task.target = state
         try:
             body = read_body(task) if state.filters else None
         except DatabaseError:
             self._database_trouble(task)
-            return
+            return False
         if body is not None and not matches(state.filters, task.headers, body):
             self.finish(attempts.filtered(task))
-            return
+            return False
         if not self.partitions.may_attempt(task.target_id):
             # The lease ran out (the lock connection silent, or this process just
             # woke from a pause): nothing is sent until a round trip confirms the
@@ -283,7 +288,7 @@ class Engine:
             # breaker's probe or a rate-limit slot; if the locks are gone, the
             # partitions thread drops it with everything else.
             self.schedule(task, self.clock() + self.LEASE_WAIT)
-            return
+            return False
         breaker = self.breakers.get(task.target_id) if state.retries else None
         if breaker is not None:
             retry_at, task.probing = breaker.admit()
@@ -291,7 +296,7 @@ class Engine:
                 # Deferred, not attempted: ownership kept, attempt not counted.
                 task.deferred = True
                 self.schedule(task, retry_at)
-                return
+                return False
         task.deferred = False
         if state.rate_limit > 0 and not task.slotted:
             now = self.clock()
@@ -300,22 +305,49 @@ class Engine:
                 task.slotted = True  # its slot is reserved: attempted when it comes
                 self._give_back_probe(task)
                 self.schedule(task, slot)
-                return
+                return False
         task.slotted = False
         try:
             body = read_body(task) if body is None else body
         except DatabaseError:
             self._give_back_probe(task)
             self._database_trouble(task)
-            return
+            return False
         if not self.partitions.may_attempt(task.target_id):
             # It ran out while the body was read: checked again just before sending.
             self._give_back_probe(task)
             self.schedule(task, self.clock() + self.LEASE_WAIT)
-            return
+            return False
+        req = attempts.request(task, body) if self.sender.running else None
+        if req is not None:
+            start = time.monotonic()
+            self.sender.send(req, lambda outcome: self.completed(task, breaker, outcome, start))
+            return True
         result = attempts.attempt(
             task, body, base=self.config.backoff_base, cap=self.config.backoff_cap
         )
+        self.attempted(task, breaker, result)
+        return False
+
+    def completed(self, task: Task, breaker, outcome, start: float) -> None:
+        """An attempt in flight came back (on the sender's completer thread): its
+        result, then its slot of the target's gate. The target's next parked task
+        goes back to the workers, who take the slot for it."""
+        try:
+            result = attempts.conclude(
+                task, outcome, start, base=self.config.backoff_base, cap=self.config.backoff_cap
+            )
+            self.attempted(task, breaker, result)
+        except Exception:
+            logger.exception("delivery %s: unexpected error", task.delivery_id)
+            self._give_back_probe(task)
+            self.release(task)
+        following = self.gate.vacate(task.target_id)
+        if following is not None:
+            self.channel.put(following)
+
+    def attempted(self, task: Task, breaker, result: AttemptResult) -> None:
+        """What an attempt made tells its target's breaker; the result to the writer."""
         task.probing = False  # recorded just below
         if breaker is not None:
             change = breaker.record(result.outcome.success)
@@ -330,7 +362,7 @@ class Engine:
                 if wait > result.delay:
                     result.delay = wait
                     task.deferred = True
-        metrics.attempt_made(state.type, result.status, result.duration_ms)
+        metrics.attempt_made(task.target.type, result.status, result.duration_ms)
         self.finish(result)
 
     def _give_back_probe(self, task: Task) -> None:
@@ -427,7 +459,8 @@ class Engine:
             self.schedule(task, self.clock() + result.delay)
             return
         # The result is committed, or the delivery is gone (invariant 4).
-        self.release(task)
+        if self.release(task) and written is Written.COMMITTED:
+            self._next_head(task.target_id)
 
     def _control_after(self, result: AttemptResult) -> bool:
         """The target's control state after a committed result (control.py); a
@@ -477,10 +510,23 @@ class Engine:
             self.overflow.note(task.target_id, task.delivery_id)
             self.wake_event.set()
 
-    def release(self, task: Task) -> None:
-        """The engine is done with the task in memory."""
+    def release(self, task: Task) -> bool:
+        """The engine is done with the task in memory. True if it was its ordered
+        target's head: the lane is free for the next."""
         overflowed = task.target_id in self.overflow
         self.claimer.release(task)
         head = self.lanes.done(task.target_id, task.delivery_id)
         if overflowed or head:
             self.wake_event.set()  # the target has room, or its next head may go
+        return head
+
+    def _next_head(self, target_id: int) -> None:
+        """An ordered target's head is done: its next one goes now, not after the
+        next intake pass (which still finds it if this cannot)."""
+        if self.stop_event.is_set() or self.channel.room() == 0:
+            return
+        try:
+            self.intake.head(target_id)
+        except DatabaseError:
+            logger.warning("target %s: could not read its next head", target_id, exc_info=True)
+            connection.close()

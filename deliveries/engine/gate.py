@@ -2,10 +2,12 @@
 (`Target.max_queue_size`) and how many workers it may occupy at once
 (DELIVERY_TARGET_CONCURRENCY, invariant 7 in docs/architecture.md).
 
-A worker that picks up a task whose target already has its share of workers parks
-the task here, still owned, and moves on to other targets. Whoever finishes one of
-that target's attempts takes the parked task next, inheriting the slot. A slow or
-dead target therefore holds at most its share of workers, and its excess waits.
+A worker that picks up a task whose target already has its share of attempts
+running parks the task here, still owned, and moves on to other targets. A worker
+that finishes one of that target's attempts takes the parked task next, inheriting
+the slot; an attempt that completes in flight (sender.py) frees its slot and puts
+the parked task back on the channel. A slow or dead target therefore holds at most
+its share of attempts, and its excess waits.
 """
 
 import threading
@@ -69,6 +71,21 @@ class TargetGate:
             if self._running[target_id] <= 0:
                 del self._running[target_id]
             return None
+
+    def vacate(self, target_id: int):
+        """Free the slot, and unpark the target's next task (returned) to enter
+        again: no task holds a slot outside the worker that attempts it."""
+        with self._lock:
+            self._running[target_id] -= 1
+            if self._running[target_id] <= 0:
+                del self._running[target_id]
+            parked = self._parked.get(target_id)
+            if not parked:
+                return None
+            task = parked.popleft()
+            if not parked:
+                del self._parked[target_id]
+            return task
 
     def drain_parked(self, target_id: int | None = None, *, where=None) -> list:
         """Take the parked tasks out: of one target, of the targets `where(target_id)`

@@ -182,33 +182,40 @@ class Intake:
     def _heads(self, room) -> int:
         """The next delivery of each ordered target with none in flight."""
         dispatched = 0
-        lanes, targets = self.claimer.lanes, self.claimer.targets
-        for target_id in lanes.waiting():
+        for target_id in self.claimer.lanes.waiting():
             if dispatched >= room:
                 self.more = True
                 break
-            state = targets.get(target_id)
-            if (
-                state is None
-                or state.held
-                or not state.ordered
-                or not self.claimer.partitions.may_claim(target_id)
-            ):
-                lanes.forget(target_id)  # taken up again when resumed or made ordered
-                continue
-            head = list(
-                Delivery.objects.unfinished()
-                .filter(target_id=target_id)
-                .order_by("event__received_at", "event_id", "id")
-                .values_list(*CANDIDATE_FIELDS)[:1]
-            )
-            if not head:
-                lanes.forget(target_id)  # noted again when a delivery comes
-                continue
-            for task in self.claimer.claim(head, head=True):
-                lanes.start(target_id, task.delivery_id)
-                self.dispatch(task)
-                dispatched += 1
+            dispatched += self.head(target_id)
+        return dispatched
+
+    def head(self, target_id: int) -> int:
+        """Claim and dispatch the ordered target's next delivery; return 1 if there
+        was one. Also called as soon as the previous head's result commits
+        (Engine.written), so a lane waits for no intake pass."""
+        lanes, state = self.claimer.lanes, self.claimer.targets.get(target_id)
+        if (
+            state is None
+            or state.held
+            or not state.ordered
+            or not self.claimer.partitions.may_claim(target_id)
+        ):
+            lanes.forget(target_id)  # taken up again when resumed or made ordered
+            return 0
+        head = list(
+            Delivery.objects.unfinished()
+            .filter(target_id=target_id)
+            .order_by("event__received_at", "event_id", "id")
+            .values_list(*CANDIDATE_FIELDS)[:1]
+        )
+        if not head:
+            lanes.forget(target_id)  # noted again when a delivery comes
+            return 0
+        dispatched = 0
+        for task in self.claimer.claim(head, head=True):
+            lanes.start(target_id, task.delivery_id)
+            self.dispatch(task)
+            dispatched += 1
         return dispatched
 
     def _from_gaps(self, room):

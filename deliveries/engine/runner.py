@@ -3,6 +3,7 @@
 | thread       | loop                          | stops when                          |
 |--------------|-------------------------------|-------------------------------------|
 | worker-n     | Workers.run: channel → process | the engine stops                   |
+| sender       | Sender.run: attempts completed | sender.stop() once none is in flight|
 | intake       | IntakeLoop: woken or polling  | the engine stops                    |
 | recovery     | Every(recovery_interval)      | the engine stops                    |
 | heartbeat    | Every(HEARTBEAT_INTERVAL)     | the engine stops                    |
@@ -137,18 +138,27 @@ class Workers:
 
     def run(self) -> None:
         engine = self.engine
+        sender = engine.sender
         while not engine.stop_event.is_set():
+            # Room for an attempt in flight first: with DELIVERY_INFLIGHT attempts
+            # out, tasks wait on the channel (and rows in the database).
+            if not sender.reserve(self.WAKE):
+                continue
             task = engine.channel.get(self.WAKE)
             if task is None:
+                sender.unreserve()
                 continue
             connection.close_if_unusable_or_obsolete()
             me = threading.get_ident()
             with self._lock:
                 self._busy += 1
                 self._since[me] = time.monotonic()
+            sent = False
             try:
-                engine.process(task)
+                sent = engine.process(task)
             finally:
+                if not sent:
+                    sender.unreserve()
                 with self._lock:
                     self._busy -= 1
                     del self._since[me]
@@ -213,6 +223,8 @@ class Runner:
             self.manager.step()  # the first partitions, and their recovery, now
         self._spawn("scheduler", engine.scheduler.run)
         engine.writer.running = True  # before any worker can finish an attempt
+        engine.sender.running = True
+        self._spawn("sender", engine.sender.run)
         self._spawn(
             "writer", lambda: engine.writer.run(self.writer_stop, stamp=self.watchdog.stamp)
         )
@@ -261,6 +273,11 @@ class Runner:
             # state): then the locks go when the connection closes, below.
             self.manager.leave(timeout)
         self._join("workers", timeout)
+        # The attempts in flight come back (each one's deadline bounds the wait),
+        # and their completions hand their results over.
+        engine.sender.drain(timeout)
+        engine.sender.stop()
+        self._join("sender", timeout)
         # Every running attempt has handed its result over: write them all.
         self.writer_stop.set()
         self._join("writer", timeout)
@@ -287,6 +304,7 @@ class Runner:
         return (
             engine.channel.depth() == 0
             and self.workers.busy() == 0
+            and engine.sender.in_flight() == 0
             and engine.writer.pending() == 0
             and engine.inflight.held() == engine.scheduler.pending()
         )
@@ -298,6 +316,7 @@ class Runner:
             "channel_depth": engine.channel.depth(),
             "inflight": engine.inflight.held(),
             "busy_workers": self.workers.busy(),
+            "attempts_in_flight": engine.sender.in_flight(),
             "workers": engine.config.workers,
             "open_breakers": engine.breakers.open_count(),
             "breakers": engine.breaker_states(),

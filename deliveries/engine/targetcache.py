@@ -77,9 +77,10 @@ class TargetCache:
         self._checked = float("-inf")
 
     def get(self, target_id: int) -> TargetState | None:
-        """The target as last read; None once it was deleted (or never loaded)."""
-        with self._lock:
-            return self._states.get(target_id)
+        """The target as last read; None once it was deleted (or never loaded).
+        No lock: a dict lookup is atomic, and writers replace whole states (under
+        the lock, against each other). Every attempt asks, from every worker."""
+        return self._states.get(target_id)
 
     def load(self, target_ids) -> None:
         """Read the targets not known yet (one query for all of them)."""

@@ -81,7 +81,14 @@ class TargetType:
         return {}
 
     def deliver(self, task: Task, body: bytes) -> Outcome:
+        """Deliver on the calling thread (transport.SendsHTTP: wait for request())."""
         raise NotImplementedError
+
+    def request(self, task: Task, body: bytes):
+        """The HTTP request (transport.Request) that delivers `body`, which the
+        engine sends on the HTTP client's loop with thousands in flight; None for a
+        kind that delivers by itself (deliver())."""
+        return None
 
 
 # One DNS label; a host is one or more of them. Single labels ("receiver", a

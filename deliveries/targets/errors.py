@@ -5,22 +5,15 @@ self-signed certificate", "timed out after 10 s"); the library's own text follow
 on the next line, for whoever needs the detail.
 """
 
-import http.client
 import socket
 import ssl
 
-from urllib3.exceptions import (
-    ConnectTimeoutError,
-    NameResolutionError,
-    NewConnectionError,
-    ProtocolError,
-)
-from urllib3.exceptions import TimeoutError as Urllib3Timeout
+import aiohttp
 
 
 def causes(exc: BaseException) -> list[BaseException]:
     """The exception and every exception behind it (causes, contexts, wrapped
-    reasons and arguments), outermost first, each once."""
+    errors and arguments), outermost first, each once."""
     seen, found, stack = set(), [], [exc]
     while stack:
         current = stack.pop(0)
@@ -30,6 +23,9 @@ def causes(exc: BaseException) -> list[BaseException]:
         seen.add(id(current))
         found.append(current)
         stack.extend([current.__cause__, current.__context__, getattr(current, "reason", None)])
+        # aiohttp's connector errors keep what they wrap here.
+        stack.append(getattr(current, "os_error", None))
+        stack.append(getattr(current, "certificate_error", None))
         stack.extend(getattr(current, "args", ()))
     return found
 
@@ -40,7 +36,9 @@ def describe(exc: BaseException, timeout: float) -> str:
 
 
 def summary(exc: BaseException, timeout: float) -> str:
-    chain = causes(exc)
+    # aiohttp's wrappers are TLS errors by class too: the errors they wrap speak.
+    chain = [cause for cause in causes(exc) if not isinstance(cause, aiohttp.ClientError)]
+    wrappers = [cause for cause in causes(exc) if isinstance(cause, aiohttp.ClientError)]
     for cause in chain:
         if isinstance(cause, ssl.SSLCertVerificationError):
             return f"TLS: certificate verify failed: {cause.verify_message or cause.reason}"
@@ -51,27 +49,32 @@ def summary(exc: BaseException, timeout: float) -> str:
                 return "TLS: the receiver does not speak TLS on this port (plain HTTP?)"
             return f"TLS: {reason}"
     for cause in chain:
-        if isinstance(cause, NameResolutionError | socket.gaierror):
+        if isinstance(cause, socket.gaierror):
             return "DNS name not found"
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
-        # A ConnectionResetError too, but a different story: the connection was
-        # taken and the request sent, and no status line ever came back.
-        if isinstance(cause, http.client.RemoteDisconnected):
-            return "the receiver closed the connection without answering"
         if isinstance(cause, ConnectionResetError):
             return "connection reset by the receiver"
-    # Before the timeouts: urllib3's NewConnectionError is one of them by class.
-    if isinstance(exc, NewConnectionError | ProtocolError | ConnectionError):
-        return "connection failed"
+    for cause in wrappers:
+        if isinstance(cause, aiohttp.ClientConnectorDNSError):
+            return "DNS name not found"
+        # The connection was taken and the request sent, and no status line ever
+        # came back.
+        if isinstance(cause, aiohttp.ServerDisconnectedError):
+            return "the receiver closed the connection without answering"
+        if isinstance(cause, aiohttp.ClientConnectionResetError):
+            return "connection reset by the receiver"
     if connect_timed_out(exc):
         return f"could not connect within {timeout:g} s"
-    if isinstance(exc, Urllib3Timeout | TimeoutError):
+    if isinstance(exc, TimeoutError):
         return f"timed out after {timeout:g} s"
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return "the receiver's answer was not valid HTTP"
+    if isinstance(exc, aiohttp.ClientConnectionError | ConnectionError):
+        return "connection failed"
     return f"{type(exc).__name__}"
 
 
 def connect_timed_out(exc: BaseException) -> bool:
-    """Whether `exc` is a connect that took too long (urllib3's NewConnectionError
-    is a ConnectTimeoutError too, though it means the connection failed)."""
-    return isinstance(exc, ConnectTimeoutError) and not isinstance(exc, NewConnectionError)
+    """Whether `exc` is a connect that took too long."""
+    return isinstance(exc, aiohttp.ConnectionTimeoutError)

@@ -1,113 +1,65 @@
-"""The SSRF guard inside the HTTP transport (see deliveries/ssrf.py).
+"""The SSRF guard inside the HTTP client (see deliveries/ssrf.py).
 
-urllib3 normally resolves a host and connects to whatever comes back. These
-connection classes resolve once, refuse the connection if any address is refused,
-and connect to the vetted address itself, so no second resolution happens between
-check and connect: a DNS answer that changes (rebinding) meets the same check.
+aiohttp resolves a host through its connector's resolver and connects to the
+addresses that come back. This resolver resolves once per new connection (the
+connector keeps no DNS cache), refuses the connection if any address is refused,
+and hands aiohttp only the vetted addresses, so no second resolution happens
+between check and connect: a DNS answer that changes (rebinding) meets the same
+check. aiohttp asks no resolver for a host that is an IP address: `refused_literal`
+checks those before the request starts.
 """
 
-import contextvars
+import asyncio
+import ipaddress
 import socket
 
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
-from urllib3.poolmanager import PoolManager
-from urllib3.util import connection
-from urllib3.util.url import _encode_target
+from aiohttp.abc import AbstractResolver
 
 from deliveries import ssrf
-from deliveries.targets.deadline import watchdog
 from deliveries.targets.errors import causes
 
 
-class _Guarded:
-    def request(self, *args, **kwargs):
-        watchdog.bind(self.sock)  # a kept-alive connection's socket
-        return super().request(*args, **kwargs)
-
-    def _new_conn(self) -> socket.socket:
-        sock = self._connect_vetted()
-        watchdog.bind(sock)
-        return sock
-
-    def _connect_vetted(self) -> socket.socket:
-        try:
-            addresses = ssrf.resolve(self._dns_host, self.port)
-        except socket.gaierror as exc:
-            raise NameResolutionError(self.host, self, exc) from exc
+class GuardedResolver(AbstractResolver):
+    async def resolve(self, host: str, port: int = 0, family=socket.AF_INET):
+        # ssrf.resolve is getaddrinfo (or a test's stand-in): blocking, so off the loop.
+        loop = asyncio.get_running_loop()
+        addresses = await loop.run_in_executor(None, ssrf.resolve, host, port)
         for address in addresses:
             reason = ssrf.refusal(address)
             if reason:
-                blocked = ssrf.BlockedAddress(f"{self.host} resolves to {reason}")
-                raise NewConnectionError(self, f"refused: {blocked}") from blocked
-        error = None
-        for address in addresses:
-            try:
-                return connection.create_connection(
-                    (address, self.port),
-                    self.timeout,
-                    source_address=self.source_address,
-                    socket_options=self.socket_options,
-                )
-            except TimeoutError as exc:
-                error = ConnectTimeoutError(
-                    self, f"Connection to {self.host} timed out (timeout={self.timeout})"
-                )
-                error.__cause__ = exc
-            except OSError as exc:
-                error = NewConnectionError(self, f"Failed to establish a connection: {exc}")
-                error.__cause__ = exc
-        raise error or NewConnectionError(self, f"{self.host} has no address")
+                raise ssrf.BlockedAddress(f"{host} resolves to {reason}")
+        if not addresses:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host} has no address")
+        return [
+            {
+                "hostname": host,
+                "host": address,
+                "port": port,
+                "family": socket.AF_INET6 if ":" in address else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for address in addresses
+        ]
+
+    async def close(self) -> None:
+        pass
 
 
-class GuardedHTTPConnection(_Guarded, HTTPConnection):
-    pass
-
-
-class GuardedHTTPSConnection(_Guarded, HTTPSConnection):
-    pass
-
-
-# The request target exactly as the transport built it (transport.post). urllib3's
-# urlopen rewrites every percent-escape of a target in capitals (_encode_target);
-# a receiver that signs or compares the URL it was sent would see "%c3" become
-# "%C3". Sent as built when that rewriting is all that differs.
-exact_target: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "exact_target", default=None
-)
-
-
-class _ExactTarget:
-    def _make_request(self, conn, method, url, *args, **kwargs):
-        exact = exact_target.get()
-        if exact is not None and exact != url and _encode_target(exact) == url:
-            url = exact
-        return super()._make_request(conn, method, url, *args, **kwargs)
-
-
-class GuardedHTTPConnectionPool(_ExactTarget, HTTPConnectionPool):
-    ConnectionCls = GuardedHTTPConnection
-
-
-class GuardedHTTPSConnectionPool(_ExactTarget, HTTPSConnectionPool):
-    ConnectionCls = GuardedHTTPSConnection
-
-
-def guarded_pools(**kwargs) -> PoolManager:
-    """A PoolManager (`kwargs` as urllib3 takes them) whose pools connect only
-    through the guard."""
-    manager = PoolManager(**kwargs)
-    manager.pool_classes_by_scheme = {
-        "http": GuardedHTTPConnectionPool,
-        "https": GuardedHTTPSConnectionPool,
-    }
-    return manager
+def refused_literal(host: str) -> str | None:
+    """Why a host given as an IP address may not be connected to, or None (also
+    for a host that is a name: the resolver checks those)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    reason = ssrf.refusal(host)
+    return f"{host} resolves to {reason}" if reason else None
 
 
 def blocked_reason(exc: BaseException) -> str | None:
-    """The guard's refusal behind an exception of the transport, if that is what
-    it was."""
+    """The guard's refusal behind an exception of the client, if that is what it
+    was."""
     for cause in causes(exc):
         if isinstance(cause, ssrf.BlockedAddress):
             return str(cause)

@@ -1,4 +1,3 @@
-import dataclasses
 import numbers
 import time
 import urllib.parse
@@ -13,7 +12,6 @@ from deliveries import signing
 from deliveries.targets import transport
 from deliveries.targets.base import (
     MASK,
-    TargetType,
     TargetURLField,
     masked_headers,
     require_url,
@@ -106,7 +104,7 @@ class HeadersField(forms.CharField):
         return headers
 
 
-class HttpTarget(TargetType):
+class HttpTarget(transport.SendsHTTP):
     type = "http"
     label = "HTTP endpoint"
     retries = True
@@ -171,18 +169,18 @@ class HttpTarget(TargetType):
             ),
         }
 
-    def deliver(self, task, body):
+    def request(self, task, body) -> transport.Request:
         config = task.target.config
         headers = forwarded_headers(task, config.get("headers", {}))
         if task.target.signing:
             sign(headers, task, body)
         url = config["url"]
         if urllib.parse.urlsplit(url).username is not None:
-            # The URL's credentials are sent as Basic auth (transport.post), in
+            # The URL's credentials are sent as Basic auth (transport.request), in
             # place of the sender's, as configured headers replace theirs.
             headers.discard("Authorization")
         query = "" if config.get("drop_query") else forwardable_query(task.query_string)
-        outcome = transport.post(
+        req = transport.request(
             url,
             data=body,
             headers=headers,
@@ -190,10 +188,11 @@ class HttpTarget(TargetType):
             forwarded=True,
             query=query,
         )
-        sent = masked_headers(headers.iteritems(), config.get("headers", {}))
-        return dataclasses.replace(
-            outcome, request_url=with_query(url, query), request_headers=sent
-        )
+        req.shown = {
+            "request_url": with_query(url, query),
+            "request_headers": masked_headers(headers.iteritems(), config.get("headers", {})),
+        }
+        return req
 
 
 def with_query(url: str, query: str) -> str:

@@ -2,7 +2,7 @@ import contextlib
 import json
 
 from deliveries.targets import transport
-from deliveries.targets.base import TargetType, TargetURLField, require_url
+from deliveries.targets.base import TargetURLField, require_url
 
 MESSAGE_LIMIT = 3500
 
@@ -22,7 +22,7 @@ def format_message(task, body: bytes) -> str:
     return f"{header}\n```\n{text}\n```"
 
 
-class SlackTarget(TargetType):
+class SlackTarget(transport.SendsHTTP):
     type = "slack"
     label = "Slack-compatible channel"
     retries = True
@@ -42,9 +42,9 @@ class SlackTarget(TargetType):
             )
         }
 
-    def deliver(self, task, body):
+    def request(self, task, body):
         payload = json.dumps({"text": format_message(task, body)}).encode()
-        return transport.post(
+        return transport.request(
             task.target.config["webhook_url"],
             data=payload,
             headers={"Content-Type": "application/json"},

@@ -1,55 +1,61 @@
-"""Outbound HTTP for the http and slack targets: urllib3's connection pools, one
-set per worker thread, behind the SSRF guard (guard.py).
+"""Outbound HTTP for the http and slack targets: one aiohttp session on one event
+loop per process, behind the SSRF guard (guard.py).
 
-requests prepares each target's URL once (IDNA host, quoted path, credentials as
-Basic auth: `prepared_url`); the POST itself goes straight to urllib3, the layer
-under requests. requests' own sending path (its adapter and Response) added
-nothing a delivery wants and cost an eighth of an engine's CPU at full load:
-proxy lookup from the environment and cookie extraction on every attempt, a
-Response object around urllib3's, the pool looked up through the TLS settings
-twice. A Session would add worse: a cookie jar (a receiver's Set-Cookie sent back
-on later deliveries to that host, a header no sender sent).
+Why asyncio: a receiver that answers in half a second holds a thread for half a
+second; a coroutine waiting on it costs a few kilobytes and no thread switch.
+bench/clients.py measured the candidates against the same receivers (bench/
+RESULTS.md): aiohttp sends a POST for the CPU of a bare urllib3 POST and keeps
+thousands in flight, where a thread per attempt costs twice the CPU.
 
-Each worker thread keeps its own pools, so an attempt never waits on another
-thread's connection and a kept-alive connection is reused by the thread that
-opened it.
+The engine builds each request on its own threads (`Request`: the URL as
+requests prepares it, the header lines exactly, the signature) and sends it on
+the loop (`client.submit(send(request))`); everything else that sends (alerts, a
+sync target call) waits for the same coroutine with `post()`.
 """
 
+from __future__ import annotations
+
+import asyncio
+import atexit
+import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import email.utils
 import functools
+import os
+import ssl
 import threading
 import time
 import urllib.parse
 
+import aiohttp
 import requests
 import requests.certs
 import requests.utils
+import yarl
 from django.conf import settings
-from urllib3 import HTTPHeaderDict, PoolManager, Timeout
-from urllib3.exceptions import HTTPError
-from urllib3.util import SKIP_HEADER
+from multidict import CIMultiDict
 
-from deliveries.targets.base import RESPONSE_BODY_LIMIT, RESPONSE_HEADERS_LIMIT, Outcome
-from deliveries.targets.deadline import watchdog
+from deliveries.targets.base import (
+    RESPONSE_BODY_LIMIT,
+    RESPONSE_HEADERS_LIMIT,
+    Outcome,
+    TargetType,
+)
 from deliveries.targets.errors import connect_timed_out, describe
-from deliveries.targets.guard import blocked_reason, exact_target, guarded_pools
-
-_local = threading.local()
+from deliveries.targets.guard import GuardedResolver, blocked_reason, refused_literal
 
 USER_AGENT = "webhooker/0.1"
-# Hosts a worker thread keeps a connection to (one each: a thread makes one attempt
-# at a time); past this the least recently used is closed. requests' default.
-POOLS_PER_THREAD = 10
 # The public roots requests ships (certifi's bundle).
 _ROOTS = requests.certs.where()
-
-
-def pools() -> PoolManager:
-    found = getattr(_local, "pools", None)
-    if found is None:
-        found = _local.pools = guarded_pools(num_pools=POOLS_PER_THREAD, maxsize=1)
-    return found
+# What aiohttp would add by itself: a delivery carries only the lines it was given.
+_NOT_ADDED = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+# A receiver's header lines may be long (cookies): aiohttp's default stops at 8 KiB.
+_LINE_LIMIT = 64 * 1024
+# The attempt's own deadline runs this much past the connect timeout, so that a
+# connect that takes the whole timeout says so rather than "timed out".
+_CONNECT_FIRST = 0.05
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -63,11 +69,11 @@ class PreparedURL:
 
 @functools.lru_cache(maxsize=1024)
 def prepared_url(url: str) -> PreparedURL:
-    """`url` as requests would send it (IDNA host, quoted path), split for urllib3,
-    with the Basic Authorization its user:password stands for, if any. Targets are
-    few and their URLs rarely change (an event's query string is appended after,
-    by post): the recent ones are parsed once, not on every attempt. Raises requests'
-    InvalidURL / MissingSchema / InvalidSchema (never cached)."""
+    """`url` as requests would send it (IDNA host, quoted path), split, with the
+    Basic Authorization its user:password stands for, if any. Targets are few and
+    their URLs rarely change (an event's query string is appended after): the
+    recent ones are parsed once, not on every attempt. Raises requests' InvalidURL /
+    MissingSchema / InvalidSchema (never cached)."""
     request = requests.PreparedRequest()
     request.prepare_url(url, None)
     request.prepare_headers(None)
@@ -82,10 +88,15 @@ def prepared_url(url: str) -> PreparedURL:
     )
 
 
-def tls_settings() -> dict:
-    """The pool settings of https targets: certificates verified against
-    DELIVERY_CA_BUNDLE (a private CA) or the public roots requests ships."""
-    return {"cert_reqs": "CERT_REQUIRED", "ca_certs": settings.DELIVERY_CA_BUNDLE or _ROOTS}
+@functools.lru_cache(maxsize=16)
+def _tls_context(cafile: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=cafile)
+
+
+def tls_context() -> ssl.SSLContext:
+    """Certificates verified against DELIVERY_CA_BUNDLE (a private CA) or the
+    public roots requests ships."""
+    return _tls_context(settings.DELIVERY_CA_BUNDLE or _ROOTS)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -104,30 +115,37 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def exact_headers(own: dict, headers, user_agent) -> HTTPHeaderDict:
-    """`headers`, every line of them, and the request's `own` (Content-Length, the
-    target URL's credentials) in place of any line of the same name, and nothing
-    the HTTP libraries would add by default. The URL's credentials are the
-    target's configuration, which replaces what a sender sent, as configured
-    headers do."""
-    named = _lower(own)
-    exact = HTTPHeaderDict()
-    for name, value in headers.items():
-        if name.lower() not in named:
-            exact.add(name, value)
+def exact_headers(own: dict, headers, user_agent) -> CIMultiDict:
+    """`headers`, every line of them in order, and the request's `own` (the target
+    URL's credentials) in place of any line of the same name. The URL's credentials
+    are the target's configuration, which replaces what a sender sent, as
+    configured headers do. Nothing else is added but Host and Content-Length."""
+    named = {name.lower() for name in own}
+    lines = headers.iteritems() if hasattr(headers, "iteritems") else headers.items()
+    exact = CIMultiDict((name, value) for name, value in lines if name.lower() not in named)
     exact.update(own)
-    if "User-Agent" not in exact:
-        exact["User-Agent"] = user_agent or SKIP_HEADER
-    if "Accept-Encoding" not in exact:
-        exact["Accept-Encoding"] = SKIP_HEADER
+    if user_agent and "User-Agent" not in exact:
+        exact["User-Agent"] = user_agent
     return exact
 
 
-def _lower(headers) -> set:
-    return {name.lower() for name in headers}
+@dataclasses.dataclass(slots=True)
+class Request:
+    """One POST, built on the caller's thread, sent on the client's loop."""
+
+    url: yarl.URL | None
+    data: bytes
+    headers: CIMultiDict
+    timeout: float
+    tls: ssl.SSLContext | None
+    # Why it cannot be sent (an unusable URL, an address the guard refuses).
+    refused: Outcome | None = None
+    # Outcome fields the target fills in itself (what was sent, for the delivery
+    # page), set on whatever the attempt comes to.
+    shown: dict = dataclasses.field(default_factory=dict)
 
 
-def post(
+def request(
     url: str,
     *,
     data: bytes,
@@ -135,70 +153,94 @@ def post(
     timeout: float | None,
     forwarded: bool = False,
     query: str = "",
-) -> Outcome:
-    """POST once; never follow redirects; read at most the stored response excerpt.
-
-    `query` is appended to the URL's own query as it is, after `url` is prepared:
-    preparing quotes again, decodes escapes of unreserved characters and, beside
-    one stray "%", quotes every escape a second time (see http.forwardable_query);
-    and sent as built, escapes in the sender's case (guard.exact_target).
+) -> Request:
+    """The POST to send: `query` appended to the URL's own query as it is, after
+    `url` is prepared (preparing quotes again, decodes escapes of unreserved
+    characters and, beside one stray "%", quotes every escape a second time: see
+    http.forwardable_query), and sent as built, escapes in the sender's case.
 
     `headers` (a mapping; an HTTPHeaderDict for repeated names) are sent exactly:
     each line, in order, and no client defaults beside them. webhooker's own
     messages (Slack, alerts) name it as their User-Agent; a `forwarded` event
     carries only the sender's.
 
-    `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds each connect and read, and also the
-    whole attempt: a receiver that drips its answer is cut off when it runs out.
-    """
+    `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds the whole attempt: connect, send,
+    and the answer to its last byte read."""
     timeout = timeout or settings.DELIVERY_HTTP_TIMEOUT
-    with watchdog.deadline(timeout) as deadline:
-        try:
-            where = prepared_url(url)
-            path = where.path
-            if query:
-                path += ("&" if "?" in path else "?") + query
-            own = {"Content-Length": str(len(data))}
-            if where.authorization:
-                own["Authorization"] = where.authorization
-            pool = pools().connection_from_host(
-                where.host,
-                where.port,
-                where.scheme,
-                pool_kwargs=tls_settings() if where.scheme == "https" else None,
-            )
-            sent_as_built = exact_target.set(path)
-            try:
-                response = pool.urlopen(
-                    "POST",
-                    path,
-                    body=data,
-                    headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
-                    retries=False,
-                    redirect=False,
-                    assert_same_host=False,
-                    timeout=Timeout(connect=timeout, read=timeout),
-                    preload_content=False,
-                )
-            finally:
-                exact_target.reset(sent_as_built)
-        except (requests.RequestException, HTTPError, OSError) as exc:
-            reason = blocked_reason(exc)
-            if reason:
-                return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
-            # The whole attempt's deadline passed (a connect that took all of it
-            # says so by itself).
-            if deadline["expired"] and not connect_timed_out(exc):
-                return Outcome(success=False, error=f"timed out after {timeout:g} s")
-            return Outcome(success=False, error=describe(exc, timeout))
-        try:
-            excerpt = response.read(RESPONSE_BODY_LIMIT, decode_content=True) or b""
-        except Exception as exc:  # a receiver that breaks off (or drips) mid-body
-            excerpt = f"<response body unreadable: {exc}>".encode()
-        finally:
-            # Read to its end, the body's connection went back to the pool; a
-            # longer one is closed rather than drained.
-            response.close()
+    try:
+        where = prepared_url(url)
+    except (requests.RequestException, ValueError) as exc:
+        return Request(None, data, CIMultiDict(), timeout, None, _failed(exc, timeout))
+    path = where.path
+    if query:
+        path += ("&" if "?" in path else "?") + query
+    host = f"[{where.host}]" if ":" in where.host else where.host
+    port = f":{where.port}" if where.port is not None else ""
+    own = {"Authorization": where.authorization} if where.authorization else {}
+    refused = refused_literal(where.host)
+    return Request(
+        url=yarl.URL(f"{where.scheme}://{host}{port}{path}", encoded=True),
+        data=data,
+        headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
+        timeout=timeout,
+        tls=tls_context() if where.scheme == "https" else None,
+        refused=Outcome(success=False, error=f"blocked: {refused}", permanent=True)
+        if refused
+        else None,
+    )
+
+
+async def send(req: Request) -> Outcome:
+    """POST once; never follow redirects; read at most the stored response excerpt."""
+    outcome = req.refused if req.refused is not None else await _post(req)
+    return dataclasses.replace(outcome, **req.shown) if req.shown else outcome
+
+
+async def _post(req: Request) -> Outcome:
+    session = client.session()
+    try:
+        async with asyncio.timeout(req.timeout + _CONNECT_FIRST):
+            async with session.post(
+                req.url,
+                data=req.data,
+                headers=req.headers,
+                allow_redirects=False,
+                ssl=req.tls if req.tls is not None else True,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=req.timeout),
+            ) as response:
+                try:
+                    excerpt = await _excerpt(response)
+                except (aiohttp.ClientError, OSError) as exc:  # broke off mid-body
+                    excerpt = f"<response body unreadable: {exc}>".encode()
+                # Read to its end, the connection goes back to the pool; a longer
+                # answer's connection is closed rather than drained.
+                response.release()
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        return _failed(exc, req.timeout)
+    return _answered(response, excerpt)
+
+
+async def _excerpt(response) -> bytes:
+    chunks, size = [], 0
+    while size < RESPONSE_BODY_LIMIT:
+        chunk = await response.content.read(RESPONSE_BODY_LIMIT - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _failed(exc: BaseException, timeout: float) -> Outcome:
+    reason = blocked_reason(exc)
+    if reason:
+        return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
+    if isinstance(exc, TimeoutError) and not connect_timed_out(exc):
+        return Outcome(success=False, error=f"timed out after {timeout:g} s")
+    return Outcome(success=False, error=describe(exc, timeout))
+
+
+def _answered(response, excerpt: bytes) -> Outcome:
     code = response.status
     answered = "\n".join(f"{k}: {v}" for k, v in response.headers.items())
     answered = answered[:RESPONSE_HEADERS_LIMIT]
@@ -229,3 +271,119 @@ def post(
         retry_after=retry_after,
         permanent=code == 410,
     )
+
+
+def post(url: str, **kwargs) -> Outcome:
+    """`request(url, **kwargs)` sent, waiting for its outcome (callers on threads
+    of their own: alerts, a target called outside the engine)."""
+    return wait(request(url, **kwargs))
+
+
+def wait(req: Request) -> Outcome:
+    # The attempt's own deadline ends it; the margin only guards against a loop
+    # that stopped.
+    return client.submit(send(req)).result(timeout=req.timeout + 30)
+
+
+class SendsHTTP(TargetType):
+    """A target type that delivers by one HTTP request (its request())."""
+
+    def deliver(self, task, body) -> Outcome:
+        return wait(self.request(task, body))
+
+
+class Client:
+    """The process's event loop for outbound HTTP, on a thread of its own, and the
+    one aiohttp session on it: connections kept alive per receiver, shared by every
+    attempt. Started on first use, and again in a forked child."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._pid = None
+        # Requests handed over by start(), and whether the loop is told already.
+        self._starts: collections.deque = collections.deque()
+        self._told = False
+        self._sending: set = set()  # the loop's tasks, held until done
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        """Run `coro` on the loop; its future completes on the loop's thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self._running_loop())
+
+    def start(self, req: Request, done) -> None:
+        """Send `req` on the loop; `done(outcome)` is called on the loop's thread.
+        Requests started while the loop has not yet picked up the last ones wake
+        it once between them (a wake-up is a write to its self-pipe)."""
+        loop = self._running_loop()
+        self._starts.append((req, done))
+        if not self._told:
+            self._told = True
+            loop.call_soon_threadsafe(self._take_starts)
+
+    def _take_starts(self) -> None:
+        # Untold first: a start() after this line tells the loop again, and one
+        # before it is taken below.
+        self._told = False
+        loop = asyncio.get_running_loop()
+        while self._starts:
+            req, done = self._starts.popleft()
+            task = loop.create_task(send(req))
+            self._sending.add(task)
+            task.add_done_callback(functools.partial(self._sent, done))
+
+    def _sent(self, done, task) -> None:
+        self._sending.discard(task)
+        try:
+            outcome = task.result()
+        except BaseException as exc:  # a bug in send(), or the loop closing
+            outcome = Outcome(success=False, error=f"{type(exc).__name__}: {exc}")
+        done(outcome)
+
+    def session(self) -> aiohttp.ClientSession:
+        """The session (on the loop's thread only)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=0, use_dns_cache=False, resolver=GuardedResolver()
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),  # no receiver's cookie sent back
+                skip_auto_headers=_NOT_ADDED,
+                auto_decompress=True,
+                trust_env=False,
+                max_line_size=_LINE_LIMIT,
+                max_field_size=_LINE_LIMIT,
+            )
+        return self._session
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None and self._pid == os.getpid():
+            return loop  # every attempt asks: no lock once it runs
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._session = None
+                self._starts.clear()
+                self._told = False
+                self._loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=self._loop.run_forever, name="http-client", daemon=True
+                ).start()
+            return self._loop
+
+    def close(self) -> None:
+        """Close the kept-alive connections and stop the loop (tests, shutdown)."""
+        with self._lock:
+            loop, session = self._loop, self._session
+            self._loop = self._session = None
+        if loop is None:
+            return
+        if session is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(session.close(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+
+
+client = Client()
+atexit.register(client.close)

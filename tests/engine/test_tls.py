@@ -12,9 +12,10 @@ import socket
 import ssl
 import threading
 
+import aiohttp
 import pytest
 import trustme
-from urllib3.exceptions import NewConnectionError
+from aiohttp.client_reqrep import ConnectionKey
 
 from deliveries.models import Delivery, DeliveryResult
 from deliveries.targets.errors import summary
@@ -130,7 +131,7 @@ def test_connection_refused_is_said_plainly(entrypoint, make_target):
     result = deliver_to(entrypoint, make_target, f"http://127.0.0.1:{port}/")
     first, detail = result.error.split("\n", 1)
     assert first == "connection refused"
-    assert "Connection refused" in detail  # the library's text, kept underneath
+    assert "Cannot connect to host" in detail  # the library's text, kept underneath
     assert "Max retries" not in detail  # an attempt is one try, not a spent retry budget
 
 
@@ -165,16 +166,17 @@ def test_a_receiver_that_closes_without_answering(entrypoint, make_target, liste
     result = deliver_to(entrypoint, make_target, f"http://127.0.0.1:{listener.getsockname()[1]}/")
     first, detail = result.error.split("\n", 1)
     assert first == "the receiver closed the connection without answering"
-    assert "RemoteDisconnected" in detail
+    assert "ServerDisconnectedError" in detail
 
 
 def test_a_connection_that_fails_at_once_is_not_called_a_timeout():
-    # urllib3's NewConnectionError is a ConnectTimeoutError (and so a urllib3
-    # TimeoutError) by class, whatever stopped the connection.
-    for cause in (OSError(errno.ENETUNREACH, "Network is unreachable"), None):
-        exc = NewConnectionError(None, "Failed to establish a new connection")
-        exc.__cause__ = cause
+    # aiohttp's connector errors are OSErrors by class, whatever stopped the
+    # connection; only its ConnectionTimeoutError is a connect that took too long.
+    key = ConnectionKey("example.com", 80, False, True, None, None, None)
+    unreachable = OSError(errno.ENETUNREACH, "Network is unreachable")
+    for exc in (aiohttp.ClientConnectorError(key, unreachable), aiohttp.ClientConnectionError()):
         assert summary(exc, 10) == "connection failed"
+    assert summary(aiohttp.ConnectionTimeoutError(), 10) == "could not connect within 10 s"
 
 
 def test_a_receiver_that_never_accepts_is_a_connect_timeout(entrypoint, make_target, listener):
@@ -192,7 +194,7 @@ def test_a_receiver_that_never_accepts_is_a_connect_timeout(entrypoint, make_tar
         sock.close()
     first, detail = DeliveryResult.objects.get().error.split("\n", 1)
     assert first == "could not connect within 0.5 s"
-    assert "ConnectTimeoutError" in detail
+    assert "ConnectionTimeoutError" in detail
 
 
 def test_a_receiver_that_never_answers_times_out(entrypoint, make_target, listener):

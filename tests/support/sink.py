@@ -17,6 +17,15 @@ class Received:
     lines: list | None = None
 
 
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    # A receiver's listen backlog, not socketserver's 5: an engine opens up to
+    # DELIVERY_TARGET_CONCURRENCY connections per target at once, and connects
+    # beyond the backlog wait for SYN retransmits (1 s, 3 s, 7 s): attempts timed
+    # out at a receiver that was only slow to accept.
+    request_queue_size = 1024
+
+
 class Sink:
     """Threaded HTTP server on 127.0.0.1. Script answers per path with `respond`."""
 
@@ -66,8 +75,7 @@ class Sink:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = _Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 

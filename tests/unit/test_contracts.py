@@ -1,6 +1,6 @@
 """The private names of other libraries webhooker overrides or reads, each in one
 place: Django's and psycopg's in webhooker/db/, uvicorn's in
-webhooker/server/protocol.py, urllib3's in deliveries/targets/guard.py. Their pins
+webhooker/server/protocol.py. Their pins
 in pyproject.toml hold them; these tests say at once, by name, which one an upgrade
 renamed or reshaped, instead of a behaviour failing somewhere far from it."""
 
@@ -10,9 +10,6 @@ import pytest
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool
-from urllib3.util import url as urllib3_url
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # (owner, name, the parameters it must take): every method overridden or called.
@@ -34,18 +31,7 @@ METHODS = [
     (HttpToolsProtocol, "on_header", ["self", "name", "value"]),
     (HttpToolsProtocol, "on_headers_complete", ["self"]),
     (HttpToolsProtocol, "send_400_response", ["self", "msg"]),
-    # urllib3: deliveries/targets/guard.py connects to the vetted address itself.
-    (HTTPConnection, "_new_conn", ["self"]),
-    (HTTPConnection, "request", ["self", "method", "url", "body", "headers"]),
-    # urllib3: guard.py sends the target as the transport built it.
-    (HTTPConnectionPool, "_make_request", ["self", "conn", "method", "url"]),
 ]
-
-
-def test_urllib3_rewrites_targets_only_as_the_guard_expects():
-    """guard._ExactTarget sends a target as built when urllib3's _encode_target
-    changed nothing but the case of its escapes."""
-    assert urllib3_url._encode_target("/q?a=%c3%a9&b=%2f") == "/q?a=%C3%A9&b=%2F"
 
 
 @pytest.mark.parametrize(
@@ -65,13 +51,6 @@ def test_django_health_check_state_is_where_the_backend_reads_it(db):
     connection.ensure_connection()
     for name in ("health_check_enabled", "health_check_done", "pool"):
         assert hasattr(type(connection), name) or hasattr(connection, name), name
-
-
-def test_urllib3_connections_carry_what_the_guard_reads():
-    for cls in (HTTPConnection, HTTPSConnection):
-        conn = cls("example.com", 443)
-        for name in ("_dns_host", "port", "timeout", "source_address", "socket_options"):
-            assert hasattr(conn, name), f"{cls.__name__}.{name}"
 
 
 def test_psycopg_cursor_internals_the_prepared_cursor_uses(db):

@@ -47,7 +47,7 @@ class Command(BaseCommand):
             "--workers",
             type=positive_int,
             default=settings.DELIVERY_WORKERS,
-            help="worker threads (default: %(default)r)",
+            help="threads that prepare attempts (default: %(default)r)",
         )
         parser.add_argument(
             "--channel-size",
@@ -65,6 +65,10 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.getLogger("deliveries").setLevel(LOG_LEVELS[options["verbosity"]])
+        # The engine serves no page: Django's debug mode (on in dev) would only
+        # format every query it runs and keep the last 9 000 per thread, a tenth of
+        # its CPU against slow receivers (bench/RESULTS.md, 2026-12-04).
+        settings.DEBUG = False
         config = EngineConfig.from_settings(
             workers=options["workers"],
             channel_size=options["channel_size"],
