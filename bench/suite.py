@@ -501,7 +501,7 @@ def main():
         # --- attempts in flight (bench/inflight.py) -------------------------------
         vacuum_between_phases()
         log("in flight: 200 targets answering at once and after 500 ms; an ordered lane; RSS")
-        figures.update(inflight.run(data_dir, webhook, BODY, SECONDS, wait_delivered, drained_rate))
+        figures.update(inflight.run(data_dir, webhook, SECONDS))
 
         # --- memory ---------------------------------------------------------------
         log("engine memory with 10 000 tasks queued")

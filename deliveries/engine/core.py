@@ -459,8 +459,7 @@ class Engine:
             self.schedule(task, self.clock() + result.delay)
             return
         # The result is committed, or the delivery is gone (invariant 4).
-        if self.release(task) and written is Written.COMMITTED:
-            self._next_head(task.target_id)
+        self.release(task, next_head=written is Written.COMMITTED)
 
     def _control_after(self, result: AttemptResult) -> bool:
         """The target's control state after a committed result (control.py); a
@@ -510,23 +509,26 @@ class Engine:
             self.overflow.note(task.target_id, task.delivery_id)
             self.wake_event.set()
 
-    def release(self, task: Task) -> bool:
-        """The engine is done with the task in memory. True if it was its ordered
-        target's head: the lane is free for the next."""
+    def release(self, task: Task, *, next_head: bool = False) -> None:
+        """The engine is done with the task in memory. With `next_head` (its result
+        just committed), an ordered target's next head is claimed here and now."""
         overflowed = task.target_id in self.overflow
         self.claimer.release(task)
         head = self.lanes.done(task.target_id, task.delivery_id)
+        if head and next_head and self._next_head(task.target_id):
+            head = False  # no intake pass needed for it
         if overflowed or head:
             self.wake_event.set()  # the target has room, or its next head may go
-        return head
 
-    def _next_head(self, target_id: int) -> None:
+    def _next_head(self, target_id: int) -> bool:
         """An ordered target's head is done: its next one goes now, not after the
-        next intake pass (which still finds it if this cannot)."""
+        next intake pass. False if it could not be read here (intake reads it)."""
         if self.stop_event.is_set() or self.channel.room() == 0:
-            return
+            return False
         try:
             self.intake.head(target_id)
         except DatabaseError:
             logger.warning("target %s: could not read its next head", target_id, exc_info=True)
             connection.close()
+            return False
+        return True

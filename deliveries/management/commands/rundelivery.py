@@ -66,8 +66,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         logging.getLogger("deliveries").setLevel(LOG_LEVELS[options["verbosity"]])
         # The engine serves no page: Django's debug mode (on in dev) would only
-        # format every query it runs and keep the last 9 000 per thread, a tenth of
-        # its CPU against slow receivers (bench/RESULTS.md, 2026-12-04).
+        # format every query it runs and keep the last 9 000 per thread (it showed
+        # in a profile of the engine, bench/RESULTS.md).
         settings.DEBUG = False
         config = EngineConfig.from_settings(
             workers=options["workers"],
