@@ -202,21 +202,25 @@ class Intake:
         ):
             lanes.forget(target_id)  # taken up again when resumed or made ordered
             return 0
-        head = list(
-            Delivery.objects.unfinished()
-            .filter(target_id=target_id)
-            .order_by("event__received_at", "event_id", "id")
-            .values_list(*CANDIDATE_FIELDS)[:1]
-        )
-        if not head:
-            lanes.forget(target_id)  # noted again when a delivery comes
+        if not lanes.begin(target_id):
+            return 0  # its head is in flight, or another thread is reading it
+        try:
+            head = list(
+                Delivery.objects.unfinished()
+                .filter(target_id=target_id)
+                .order_by("event__received_at", "event_id", "id")
+                .values_list(*CANDIDATE_FIELDS)[:1]
+            )
+            if not head:
+                lanes.forget(target_id)  # noted again when a delivery comes
+                return 0
+            for task in self.claimer.claim(head, head=True):
+                lanes.start(target_id, task.delivery_id)
+                self.dispatch(task)
+                return 1
             return 0
-        dispatched = 0
-        for task in self.claimer.claim(head, head=True):
-            lanes.start(target_id, task.delivery_id)
-            self.dispatch(task)
-            dispatched += 1
-        return dispatched
+        finally:
+            lanes.end(target_id)  # a no-op once start() made it the head
 
     def _from_gaps(self, room):
         self.gaps.expire(self.clock() - self.GAP_TTL)

@@ -10,6 +10,7 @@ checks those before the request starts.
 """
 
 import asyncio
+import concurrent.futures
 import ipaddress
 import socket
 
@@ -20,10 +21,22 @@ from deliveries.targets.errors import causes
 
 
 class GuardedResolver(AbstractResolver):
+    # Lookups at once. getaddrinfo cannot be cancelled: a lookup whose attempt timed
+    # out holds its thread until the system resolver gives up (seconds per
+    # nameserver). asyncio's default pool (cores + 4 threads) would let one target
+    # whose nameserver is silent, at its 10 connections at once, stall every other
+    # target's new connections; this pool's threads start only when needed.
+    LOOKUPS = 128
+
+    def __init__(self):
+        self._lookups = concurrent.futures.ThreadPoolExecutor(
+            self.LOOKUPS, thread_name_prefix="dns"
+        )
+
     async def resolve(self, host: str, port: int = 0, family=socket.AF_INET):
         # ssrf.resolve is getaddrinfo (or a test's stand-in): blocking, so off the loop.
         loop = asyncio.get_running_loop()
-        addresses = await loop.run_in_executor(None, ssrf.resolve, host, port)
+        addresses = await loop.run_in_executor(self._lookups, ssrf.resolve, host, port)
         for address in addresses:
             reason = ssrf.refusal(address)
             if reason:
@@ -43,7 +56,7 @@ class GuardedResolver(AbstractResolver):
         ]
 
     async def close(self) -> None:
-        pass
+        self._lookups.shutdown(wait=False, cancel_futures=True)
 
 
 def refused_literal(host: str) -> str | None:

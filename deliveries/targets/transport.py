@@ -56,6 +56,7 @@ _LINE_LIMIT = 64 * 1024
 # The attempt's own deadline runs this much past the connect timeout, so that a
 # connect that takes the whole timeout says so rather than "timed out".
 _CONNECT_FIRST = 0.05
+_NO_ROUNDING = 1e9
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -206,7 +207,11 @@ async def _post(req: Request) -> Outcome:
                 headers=req.headers,
                 allow_redirects=False,
                 ssl=req.tls if req.tls is not None else True,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=req.timeout),
+                # No rounding up to the next whole second (aiohttp's default past
+                # 5 s): the connect must end before the attempt's deadline does.
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=req.timeout, ceil_threshold=_NO_ROUNDING
+                ),
             ) as response:
                 try:
                     excerpt = await _excerpt(response)
@@ -235,6 +240,10 @@ def _failed(exc: BaseException, timeout: float) -> Outcome:
     reason = blocked_reason(exc)
     if reason:
         return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
+    if isinstance(exc, aiohttp.InvalidURL):
+        # A host the client will never send to (say "1.2.3.4." with its dot): no
+        # retry can help.
+        return Outcome(success=False, error=describe(exc, timeout), permanent=True)
     if isinstance(exc, TimeoutError) and not connect_timed_out(exc):
         return Outcome(success=False, error=f"timed out after {timeout:g} s")
     return Outcome(success=False, error=describe(exc, timeout))
@@ -374,6 +383,8 @@ class Client:
 
     def close(self) -> None:
         """Close the kept-alive connections and stop the loop (tests, shutdown)."""
+        if self._pid != os.getpid():
+            return  # a forked child's inherited loop runs in no thread of its own
         with self._lock:
             loop, session = self._loop, self._session
             self._loop = self._session = None

@@ -154,6 +154,25 @@ def test_ordered_head_that_fails_twice_then_succeeds_keeps_order(entrypoint, mak
     assert got == [expected[0]] * 3 + expected[1:]
 
 
+def test_an_ordered_target_never_has_two_heads_in_flight(entrypoint, make_target, sink):
+    """Heads are read by the intake thread and, once a head's result commits, by the
+    writer's: a read while the target's head is in flight claims nothing, even when
+    an older delivery was set back to pending meanwhile (a redeliver)."""
+    make_target(url=sink.url("/o"), ordered=True)
+    events = store(entrypoint, n=3)
+    engine = started_engine()
+    engine.intake_once()
+    engine.process_one()  # the first event's delivery: delivered, then the second's claimed
+    first, _, _ = (Delivery.objects.get(event=e) for e in events)
+    assert first.status == "delivered"
+    assert engine.inflight.held() == 1  # the second, the head now
+    Delivery.objects.filter(id=first.id).update(status="pending")
+    target_id = first.target_id
+    assert engine.intake.head(target_id) == 0
+    assert engine.inflight.held() == 1
+    assert engine.lanes.waiting() == []
+
+
 def test_ordered_head_that_finally_fails_pauses_the_target(entrypoint, make_target, sink):
     target = make_target(url=sink.url("/o"), ordered=True, max_retries=1)
     sink.respond("/o", 500, 500)
