@@ -35,6 +35,23 @@ def dns(monkeypatch):
     return table
 
 
+@pytest.fixture
+def full_listener():
+    """The port of a listener whose accept queue is full: the kernel drops further
+    SYNs, and a connect hangs."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    waiting = []
+    for _ in range(3):
+        sock = socket.socket()
+        sock.setblocking(False)
+        sock.connect_ex(server.getsockname())
+        waiting.append(sock)
+    yield server.getsockname()[1]
+    for sock in waiting:
+        sock.close()
+    server.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def static_root():
     """What `collectstatic` makes before `make run` or a deployment serves: without

@@ -179,19 +179,10 @@ def test_a_connection_that_fails_at_once_is_not_called_a_timeout():
     assert summary(aiohttp.ConnectionTimeoutError(), 10) == "could not connect within 10 s"
 
 
-def test_a_receiver_that_never_accepts_is_a_connect_timeout(entrypoint, make_target, listener):
-    # A full accept queue: the kernel drops further SYNs and the connect hangs.
-    waiting = []
-    for _ in range(3):
-        sock = socket.socket()
-        sock.setblocking(False)
-        sock.connect_ex(listener.getsockname())
-        waiting.append(sock)
-    port = listener.getsockname()[1]
-    make_target(config={"url": f"http://127.0.0.1:{port}/", "timeout": 0.5}, max_retries=0)
+def test_a_receiver_that_never_accepts_is_a_connect_timeout(entrypoint, make_target, full_listener):
+    url = f"http://127.0.0.1:{full_listener}/"
+    make_target(config={"url": url, "timeout": 0.5}, max_retries=0)
     attempt_one(entrypoint)
-    for sock in waiting:
-        sock.close()
     first, detail = DeliveryResult.objects.get().error.split("\n", 1)
     assert first == "could not connect within 0.5 s"
     assert "ConnectionTimeoutError" in detail

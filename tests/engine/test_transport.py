@@ -1,29 +1,9 @@
 """The engine's HTTP client (deliveries/targets/transport.py) against real local
 servers: what one receiver's trouble may cost the others."""
 
-import socket
 import threading
 
-import pytest
-
 from deliveries.targets import transport
-
-
-@pytest.fixture
-def listener_full():
-    """A port whose accept queue is full: the kernel drops further SYNs, and a
-    connect hangs."""
-    server = socket.create_server(("127.0.0.1", 0), backlog=0)
-    waiting = []
-    for _ in range(3):
-        sock = socket.socket()
-        sock.setblocking(False)
-        sock.connect_ex(server.getsockname())
-        waiting.append(sock)
-    yield server.getsockname()[1]
-    for sock in waiting:
-        sock.close()
-    server.close()
 
 
 def test_a_silent_nameserver_does_not_stall_other_targets(dns, sink):
@@ -55,11 +35,11 @@ def test_a_silent_nameserver_does_not_stall_other_targets(dns, sink):
         answer.set()
 
 
-def test_a_connect_timeout_above_five_seconds_is_named_as_one(listener_full):
+def test_a_connect_timeout_above_five_seconds_is_named_as_one(full_listener):
     """aiohttp rounds timeouts above 5 s up to the next whole second unless told not
     to; the connect would then outlast the attempt's deadline and be called a plain
     timeout."""
     outcome = transport.post(
-        f"http://127.0.0.1:{listener_full}/", data=b"{}", headers={}, timeout=5.2
+        f"http://127.0.0.1:{full_listener}/", data=b"{}", headers={}, timeout=5.2
     )
     assert outcome.error.split("\n", 1)[0] == "could not connect within 5.2 s"
