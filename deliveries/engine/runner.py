@@ -69,12 +69,17 @@ class Every:
 
 class Watchdog:
     """Whether the engine's loops are moving: the intake loop and the writer stamp
-    every turn, and every worker is not stuck in one attempt past `attempt_bound`."""
+    every turn, not every worker is stuck in one task past `attempt_bound`, and no
+    attempt in flight is older than that (the HTTP client's loop, which ends each
+    attempt at its deadline, would then be stuck itself)."""
 
-    def __init__(self, *, stall_after: float, attempt_bound: float, workers, clock=time.monotonic):
+    def __init__(
+        self, *, stall_after: float, attempt_bound: float, workers, sender, clock=time.monotonic
+    ):
         self.stall_after = stall_after
         self.attempt_bound = attempt_bound
         self.workers = workers
+        self.sender = sender
         self.clock = clock
         self._stamps: dict[str, float] = {}
 
@@ -85,6 +90,9 @@ class Watchdog:
         now = self.clock()
         # A copy: a loop stamping its first time adds a key meanwhile.
         if any(now - at > self.stall_after for at in list(self._stamps.values())):
+            return False
+        oldest = self.sender.oldest()
+        if oldest is not None and now - oldest > self.attempt_bound:
             return False
         return not self.workers.all_stuck(now - self.attempt_bound)
 
@@ -186,7 +194,10 @@ class Runner:
         self.manager = manager
         self.workers = Workers(engine)
         self.watchdog = Watchdog(
-            stall_after=self.STALL_AFTER, attempt_bound=self.DRAIN_TIMEOUT, workers=self.workers
+            stall_after=self.STALL_AFTER,
+            attempt_bound=self.DRAIN_TIMEOUT,
+            workers=self.workers,
+            sender=engine.sender,
         )
         self.writer_stop = threading.Event()
         stop = engine.stop_event

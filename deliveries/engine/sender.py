@@ -11,9 +11,11 @@ does nothing but I/O, the database is used from threads as Django wants, and the
 engine's in-flight attempts are bounded by DELIVERY_INFLIGHT, not by threads.
 """
 
+import itertools
 import logging
 import queue
 import threading
+import time
 
 from deliveries.targets import transport
 
@@ -32,7 +34,10 @@ class Sender:
         self._room = threading.Semaphore(limit)
         self._done = queue.SimpleQueue()
         self._cond = threading.Condition()
-        self._in_flight = 0  # sent, and its completion not yet run
+        # Attempts sent and their completion not yet run: key -> when it was sent,
+        # oldest first (keys only grow, and a dict keeps their order).
+        self._started: dict[int, float] = {}
+        self._keys = itertools.count()
         self._stop = threading.Event()
 
     def reserve(self, timeout: float) -> bool:
@@ -46,25 +51,33 @@ class Sender:
     def send(self, request: transport.Request, then) -> None:
         """Send `request` with the room reserved; `then(outcome)` runs on the
         completer thread once it is answered, timed out or refused."""
+        key = next(self._keys)
         with self._cond:
-            self._in_flight += 1
+            self._started[key] = time.monotonic()
         try:
-            transport.client.start(request, lambda outcome: self._done.put((then, outcome)))
+            transport.client.start(request, lambda outcome: self._done.put((then, outcome, key)))
         except BaseException:
             with self._cond:
-                self._in_flight -= 1
+                del self._started[key]
             raise
 
     def in_flight(self) -> int:
         with self._cond:
-            return self._in_flight
+            return len(self._started)
+
+    def oldest(self) -> float | None:
+        """When the longest-running attempt in flight was sent (time.monotonic), or
+        None. Each attempt's deadline ends it on the loop: one older than any
+        deadline means the loop itself is stuck (runner.Watchdog)."""
+        with self._cond:
+            return next(iter(self._started.values()), None)
 
     def run(self) -> None:
         """The completer: each outcome through `then`, until stop() and nothing is
         left in flight."""
         while True:
             try:
-                then, outcome = self._done.get(timeout=self.WAKE)
+                then, outcome, key = self._done.get(timeout=self.WAKE)
             except queue.Empty:
                 if self._stop.is_set() and self.in_flight() == 0:
                     return
@@ -76,13 +89,13 @@ class Sender:
             finally:
                 self._room.release()
                 with self._cond:
-                    self._in_flight -= 1
+                    del self._started[key]
                     self._cond.notify_all()
 
     def drain(self, timeout: float) -> bool:
         """Wait until every attempt in flight has completed (graceful stop)."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
+            return self._cond.wait_for(lambda: not self._started, timeout)
 
     def stop(self) -> None:
         self._stop.set()
