@@ -2,13 +2,16 @@
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import requests
+from django.conf import settings
 from django.db import connection
 
 from deliveries.models import Delivery, EngineStatus
@@ -17,6 +20,7 @@ from tests.support.processes import (
     free_port,
     post_events,
     process_env,
+    rundelivery_command,
     start_engine,
     start_web,
     wait_answering,
@@ -104,6 +108,27 @@ def test_sigterm_lets_the_running_attempt_finish_and_exits_0(
     assert (delivery.status, delivery.attempts) == ("delivered", 1)
     status = EngineStatus.objects.get()
     assert status.stopped_at is not None and status.inflight == 0
+
+
+def test_the_engine_raises_its_open_files_limit_for_its_attempts_in_flight(data_dir):
+    """A soft limit of 1 024 open files (a common default) is below the default
+    DELIVERY_INFLIGHT: the engine raises it as far as the hard limit allows."""
+    argv = shlex.join(rundelivery_command("-v", "1"))
+    engine = Process(
+        ["bash", "-c", f"ulimit -Sn 1024 && exec {argv}"],
+        process_env(data_dir),
+        data_dir / "rundelivery-nofile.log",
+    )
+    try:
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
+            message="engine heartbeat",
+        )
+        limits = Path(f"/proc/{engine.popen.pid}/limits").read_text()
+        soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()
+        assert int(soft) == min(int(hard), settings.DELIVERY_INFLIGHT + 1024)
+    finally:
+        assert engine.stop(signal.SIGTERM) == 0
 
 
 def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, sink, data_dir):

@@ -1,5 +1,6 @@
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -35,6 +36,33 @@ def positive_int(value):
     return number
 
 
+logger = logging.getLogger("deliveries.engine")
+
+# Open files the engine needs beside one socket per attempt in flight: database
+# connections, logs, the wake hint's socket, connections kept alive between attempts.
+FILES_BESIDE_ATTEMPTS = 1024
+
+
+def allow_open_files(need: int) -> int:
+    """Raise the soft limit of open files to `need`, as far as the hard limit goes
+    (1 024 is a common soft limit, below the default DELIVERY_INFLIGHT: attempts
+    past it would fail as "connection failed", counted against their receivers).
+    Returns the limit now; warns when it is still short."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft != resource.RLIM_INFINITY and soft < need:
+        logger.warning(
+            "open files are limited to %d (the hard limit): fewer than DELIVERY_INFLIGHT=%d "
+            "attempts can be in flight; raise the limit (LimitNOFILE, ulimit -n) or lower "
+            "DELIVERY_INFLIGHT",
+            soft,
+            settings.DELIVERY_INFLIGHT,
+        )
+    return soft
+
+
 class Command(BaseCommand):
     help = (
         "Run the delivery engine: take every stored delivery to its target. SQLite: "
@@ -65,6 +93,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.getLogger("deliveries").setLevel(LOG_LEVELS[options["verbosity"]])
+        allow_open_files(settings.DELIVERY_INFLIGHT + FILES_BESIDE_ATTEMPTS)
         # The engine serves no page: Django's debug mode (on in dev) would only
         # format every query it runs and keep the last 9 000 per thread (it showed
         # in a profile of the engine, bench/RESULTS.md).
