@@ -61,31 +61,31 @@ class TargetGate:
     def leave(self, target_id: int):
         """Give the slot to the target's next parked task (returned), or free it."""
         with self._lock:
-            parked = self._parked.get(target_id)
-            if parked:
-                task = parked.popleft()
-                if not parked:
-                    del self._parked[target_id]
-                return task
-            self._running[target_id] -= 1
-            if self._running[target_id] <= 0:
-                del self._running[target_id]
-            return None
+            task = self._unpark(target_id)
+            if task is None:
+                self._free(target_id)
+            return task
 
     def vacate(self, target_id: int):
         """Free the slot, and unpark the target's next task (returned) to enter
         again: no task holds a slot outside the worker that attempts it."""
         with self._lock:
-            self._running[target_id] -= 1
-            if self._running[target_id] <= 0:
-                del self._running[target_id]
-            parked = self._parked.get(target_id)
-            if not parked:
-                return None
-            task = parked.popleft()
-            if not parked:
-                del self._parked[target_id]
-            return task
+            self._free(target_id)
+            return self._unpark(target_id)
+
+    def _free(self, target_id: int) -> None:
+        self._running[target_id] -= 1
+        if self._running[target_id] <= 0:
+            del self._running[target_id]
+
+    def _unpark(self, target_id: int):
+        parked = self._parked.get(target_id)
+        if not parked:
+            return None
+        task = parked.popleft()
+        if not parked:
+            del self._parked[target_id]
+        return task
 
     def drain_parked(self, target_id: int | None = None, *, where=None) -> list:
         """Take the parked tasks out: of one target, of the targets `where(target_id)`
