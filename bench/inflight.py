@@ -12,6 +12,8 @@ receivers, each figure beside a baseline from the same run.
   (DELIVERY_INFLIGHT=5000, receivers that answer after a minute; goal <= 250).
 - ordered_lane_ratio: one ordered target, receiver answering after 20 ms:
   deliveries/s x 0.020 (goal >= 0.8).
+- transform_ratio: the instant receiver's backlog again, through targets with a
+  small jq transform, over instant_receiver_rps (goal >= 0.7).
 
 Run by bench/suite.py, or alone: `DATA_DIR=... python bench/inflight.py`.
 """
@@ -32,6 +34,8 @@ from tests.support.processes import start_engine, wait_until  # noqa: E402
 TARGETS = 200
 SLOW = 0.5
 LANE_LATENCY = 0.020
+# What a receiver of three fields asks for (README, Transformations).
+SMALL_TRANSFORM = '{body: {id: .body.id, type: .body.type}, headers: {"X-Source": "bench"}}'
 
 
 def engine_cpu_seconds(pid: int) -> float:
@@ -125,6 +129,13 @@ def run(data_dir, webhook_factory, seconds):
         figures["bare_post_cpu_ms"] = bare * 1000
         figures["engine_cpu_per_delivery_ms"] = rates["slow"][1] * 1000
         figures["engine_cpu_per_delivery_ratio"] = rates["slow"][1] / bare
+
+        # The same backlog to the instant receiver through targets with a small
+        # transform (issue 27): each attempt's program runs in a worker process.
+        hook = webhook_factory("inflight-transform")
+        targets = make_targets(hook, instant_port, TARGETS, transform=SMALL_TRANSFORM)
+        figures["transform_rps"] = drain(data_dir, spread_backlog(hook, targets, n, data.BODY))[0]
+        figures["transform_ratio"] = figures["transform_rps"] / rates["instant"][0]
 
         # One ordered target: each head goes once the previous result commits.
         hook = webhook_factory("inflight-lane")

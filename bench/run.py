@@ -40,6 +40,8 @@ TARGETS = {
     "engine_cpu_per_delivery_ratio": ("<=", 1.5),
     "engine_rss_mb_5k_inflight": ("<=", 250),
     "ordered_lane_ratio": (">=", 0.8),
+    # Target transforms (issue 27): deliveries/s with a small jq program / without.
+    "transform_ratio": (">=", 0.7),
 }
 
 

@@ -106,9 +106,20 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             "ordered",
             "rate_limit",
             "filters",
+            "transform",
             "signing",
         ]
         labels = {"paused_reason": "Reason", "rate_limit": "Rate limit (per second)"}
+        widgets = {
+            "transform": UnfoldAdminTextareaWidget(
+                attrs={
+                    "rows": 5,
+                    "class": "wh-json-input",
+                    "spellcheck": "false",
+                    "placeholder": '{body: {text: "\\(.event.type): \\(.body.id)"}}',
+                }
+            )
+        }
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -14,6 +14,7 @@ from deliveries import targets, verification, wake
 from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
 from deliveries.targets.base import require_url
+from deliveries.transforms import validate_program
 
 
 class OwnedQuerySet(models.QuerySet):
@@ -281,6 +282,13 @@ class Target(models.Model):
         blank=True,
         help_text="Deliver only events matching every rule; others end as 'filtered'.",
     )
+    transform = models.TextField(
+        blank=True,
+        default="",
+        validators=[validate_program],
+        help_text="A jq program that reshapes what this target is sent, or drops the "
+        "event with null (README, Transformations). Empty: sent as received.",
+    )
     signing = models.BooleanField(
         default=True,
         help_text="Sign HTTP deliveries (Standard Webhooks headers). Off only for "
@@ -521,7 +529,7 @@ class DeliveryQuerySet(OwnedQuerySet):
     def set_pending(self, now) -> int:
         """The transition of redeliver and replay, without the transaction or the wake."""
         return self.filter(status__in=Delivery.FINISHED).update(
-            status=Delivery.Status.PENDING, next_attempt_at=None, updated_at=now
+            status=Delivery.Status.PENDING, next_attempt_at=None, reason="", updated_at=now
         )
 
 
@@ -544,6 +552,8 @@ class Delivery(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Why it ended with no attempt (filtered): the filters, or the transform.
+    reason = models.CharField(max_length=200, blank=True, default="", db_default="")
     created_at = models.DateTimeField(default=timezone.now)
     # The "touched" clock of the recovery tick. QuerySet.update() skips auto_now,
     # so every update() sets it explicitly; default=now rather than auto_now keeps

@@ -349,6 +349,13 @@ DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minim
 DELIVERY_CA_BUNDLE = env.str("DELIVERY_CA_BUNDLE", default="")
 if DELIVERY_CA_BUNDLE and not Path(DELIVERY_CA_BUNDLE).is_file():
     raise ImproperlyConfigured(f"DELIVERY_CA_BUNDLE={DELIVERY_CA_BUNDLE!r} is not a file.")
+# Target transforms (jq, deliveries/transforms/): run in this many worker processes
+# per process that needs them (the engine; a web worker previewing one), each call
+# stopped after DELIVERY_TRANSFORM_TIMEOUT seconds and within DELIVERY_TRANSFORM_MEMORY
+# megabytes of address space.
+DELIVERY_TRANSFORM_WORKERS = _number("DELIVERY_TRANSFORM_WORKERS", 2, minimum=1)
+DELIVERY_TRANSFORM_TIMEOUT = _number("DELIVERY_TRANSFORM_TIMEOUT", 1.0, cast=float, minimum=0.01)
+DELIVERY_TRANSFORM_MEMORY = _number("DELIVERY_TRANSFORM_MEMORY", 256, minimum=64)
 DELIVERY_BACKOFF_BASE = _number("DELIVERY_BACKOFF_BASE", 1.0, cast=float, minimum=0)
 DELIVERY_BACKOFF_CAP = _number("DELIVERY_BACKOFF_CAP", 3600.0, cast=float, minimum=0)
 # A target whose every attempt failed for this long is paused (Svix's 5 days: long

@@ -5,7 +5,8 @@ import datetime
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.http import Http404
+from django.core.exceptions import ValidationError
+from django.http import Http404, JsonResponse
 from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils import formats, timezone
@@ -19,8 +20,13 @@ from deliveries.admin import health
 from deliveries.admin.base import OwnedAdmin, ask_first, posted_urls, redirect_back
 from deliveries.admin.filters import TargetWebhookFilter
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
-from deliveries.models import Delivery, Target
+from deliveries.models import Delivery, Event, Target
 from deliveries.targets import TARGET_TYPES
+from deliveries.transforms import TransformError, validate_program
+from deliveries.transforms.preview import preview
+
+# Events offered in the "Run on an event" panel, newest first (any other by its code).
+RECENT_EVENTS = 20
 
 
 def breaker_text(breaker: health.Breaker | None) -> str:
@@ -78,6 +84,7 @@ TARGET_FIELDSETS = [
     ("Delivery", {"fields": [("max_retries", "max_queue_size"), ("ordered", "rate_limit")]}),
     ("Pause", {"fields": [("paused", "paused_reason")]}),
     ("Filters", {"fields": ["filters"]}),
+    ("Transform (jq)", {"fields": ["transform"]}),
 ]
 
 
@@ -182,9 +189,11 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
         ("Health, last 24 hours", {"fields": ["health_line", "breaker", "failing_since"]}),
         *TargetForm.type_fieldsets(),
         *TARGET_FIELDSETS,
+        ("Run on an event", {"fields": ["transform_preview"]}),
         (None, {"fields": ["paused_at"]}),
     ]
     readonly_fields = [
+        "transform_preview",
         "webhook",
         "health_line",
         "breaker",
@@ -194,7 +203,7 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     ]
 
     class Media:
-        js = ["deliveries/trust.js"]
+        js = ["deliveries/trust.js", "deliveries/transform.js"]
 
     def has_add_permission(self, request):
         return False
@@ -206,8 +215,47 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
                 self.admin_site.admin_view(require_POST(self.rotate_secret)),
                 name="deliveries_target_rotate_secret",
             ),
+            path(
+                "<path:object_id>/preview/",
+                self.admin_site.admin_view(require_POST(self.preview)),
+                name="deliveries_target_preview",
+            ),
             *super().get_urls(),
         ]
+
+    def preview(self, request, object_id):
+        """The "Run on an event" panel: what the target would be sent for one of its
+        webhook's events, with the program as typed (saved or not). JSON."""
+        target = self.get_object(request, object_id)  # None for others' targets
+        if target is None or not self.has_view_permission(request, target):
+            raise Http404("No such object.")
+        program = request.POST.get("transform", target.transform).replace("\r\n", "\n")
+        wanted = request.POST.get("event", "").strip()
+        events = Event.objects.filter(webhook_id=target.webhook_id)
+        try:
+            event = events.get(code=wanted) if "-" in wanted else events.get(pk=wanted)
+        except (Event.DoesNotExist, ValidationError, ValueError):
+            return JsonResponse({"error": "No such event of this target's webhook."}, status=400)
+        try:
+            validate_program(program)
+            return JsonResponse(preview(target, event, program))
+        except ValidationError as exc:
+            return JsonResponse({"error": " ".join(exc.messages)}, status=400)
+        except TransformError as exc:
+            return JsonResponse({"error": f"The transform failed: {exc}"}, status=400)
+
+    @admin.display(description="Event")
+    def transform_preview(self, obj):
+        if not obj.pk:
+            return "–"
+        recent = (
+            Event.objects.filter(webhook_id=obj.webhook_id)
+            .only("id", "code", "event_type", "received_at")
+            .order_by("-received_at", "-id")[:RECENT_EVENTS]
+        )
+        return render_to_string(
+            "admin/deliveries/target/transform_preview.html", {"target": obj, "events": recent}
+        )
 
     def rotate_secret(self, request, object_id):
         """The Rotate secret button (on the target's page and on its webhook's)."""

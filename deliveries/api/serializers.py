@@ -14,6 +14,7 @@ from rest_framework.settings import api_settings
 from deliveries import verification
 from deliveries.api.filters import EventSelection
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+from deliveries.transforms import validate_program
 
 
 class OwnedRelatedField(serializers.PrimaryKeyRelatedField):
@@ -181,6 +182,7 @@ class TargetSerializer(ModelCleaned):
             "ordered",
             "rate_limit",
             "filters",
+            "transform",
             "signing",
             "signing_secret",
             "secret_rotated_at",
@@ -291,6 +293,31 @@ class ReplayRequest(EventSelection):
         if target is not None and webhook is not None and target.webhook_id != webhook:
             raise serializers.ValidationError({"target": [f"Not a target of webhook {webhook}."]})
         return attrs
+
+
+class PreviewRequestSerializer(serializers.Serializer):
+    event = serializers.IntegerField(help_text="A stored event of the target's webhook.")
+    transform = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        validators=[validate_program],
+        help_text="A jq program to try in place of the saved one (empty: none).",
+    )
+
+
+class PreviewSerializer(serializers.Serializer):
+    dropped = serializers.BooleanField(help_text="The target would not be sent this event.")
+    reason = serializers.CharField(required=False, help_text="Why it was dropped.")
+    body = serializers.CharField(required=False, help_text="The body sent, as text.")
+    headers = serializers.ListField(
+        child=serializers.ListField(child=serializers.CharField()),
+        required=False,
+        help_text="The header lines sent, [name, value], credentials masked.",
+    )
+    query = serializers.CharField(required=False, help_text="The query string sent.")
+    input = serializers.JSONField(help_text="What a transform reads for this event.")
+    output = serializers.JSONField(help_text="What the transform yielded (null: none, or dropped).")
 
 
 class PauseSerializer(serializers.Serializer):

@@ -9,7 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
 from deliveries.api import serializers as s
@@ -21,6 +21,8 @@ from deliveries.api.filters import (
     WebhookChildFilter,
 )
 from deliveries.models import Delivery, Entrypoint, Event, Target, Webhook
+from deliveries.transforms import TransformError
+from deliveries.transforms.preview import preview
 
 # Path ids are digits that fit a database integer; anything else is a 404 at routing.
 ID_PATTERN = r"[0-9]{1,18}"
@@ -129,6 +131,28 @@ class TargetViewSet(CrudViewSet):
         target = self.get_object()
         target.rotate_signing_secret()
         return self._current(target)
+
+    @extend_schema(
+        operation_id="targets_preview",
+        request=s.PreviewRequestSerializer,
+        responses={200: s.PreviewSerializer, 400: ErrorSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def preview(self, request, pk=None):
+        """What the target would be sent for one of its webhook's stored events: its
+        filters, then its transform (or `transform`, unsaved), nothing sent."""
+        target = self.get_object()
+        form = s.PreviewRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        event = Event.objects.filter(webhook_id=target.webhook_id, pk=form.validated_data["event"])
+        event = event.first()
+        if event is None:
+            raise ValidationError({"event": ["No such event of this target's webhook."]})
+        try:
+            answer = preview(target, event, form.validated_data.get("transform"))
+        except TransformError as exc:
+            raise ValidationError(f"The transform failed: {exc}") from None
+        return Response(s.PreviewSerializer(answer).data)
 
     def _current(self, target):
         target.refresh_from_db()

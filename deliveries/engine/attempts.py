@@ -17,6 +17,7 @@ from deliveries.models import Delivery
 from deliveries.targets import TARGET_TYPES, Outcome
 
 logger = logging.getLogger("deliveries.engine")
+FILTERS_DID_NOT_MATCH = "the target's filters did not match"
 
 
 @dataclass(slots=True)
@@ -32,6 +33,8 @@ class AttemptResult:
     # Seconds until the next attempt when `status` is retrying, else None.
     delay: float | None
     duration_ms: int
+    # Why the delivery ended with no attempt (filtered): in words, else "".
+    reason: str = ""
 
     @property
     def number(self) -> int:
@@ -44,11 +47,11 @@ class AttemptResult:
         return self.task.attempts + (self.outcome is not None)
 
 
-def attempt(task: Task, body: bytes, *, base: float, cap: float) -> AttemptResult:
+def attempt(task: Task, body: bytes, *, base: float, cap: float, sent=None) -> AttemptResult:
     """Send the task to its target (`task.target`) once, time it, and decide what
-    comes next."""
+    comes next. `sent`: the task as its transform shaped it, when it has one."""
     start = time.monotonic()
-    return conclude(task, call_target(task, body), start, base=base, cap=cap)
+    return conclude(task, call_target(sent or task, body), start, base=base, cap=cap)
 
 
 def request(task: Task, body: bytes):
@@ -74,9 +77,17 @@ def conclude(task: Task, outcome: Outcome, start: float, *, base: float, cap: fl
     return result
 
 
-def filtered(task: Task) -> AttemptResult:
-    """The target's filters did not match: the delivery ends with no attempt."""
-    return AttemptResult(task, None, Delivery.Status.FILTERED, None, 0)
+def filtered(task: Task, reason: str = FILTERS_DID_NOT_MATCH) -> AttemptResult:
+    """The target's filters did not match, or its transform dropped the event: the
+    delivery ends with no attempt."""
+    return AttemptResult(task, None, Delivery.Status.FILTERED, None, 0, reason)
+
+
+def transform_failed(task: Task, error: str, start: float) -> AttemptResult:
+    """The target's transform failed on this event: the delivery fails at once (the
+    same input gives the same error), its attempt saying why."""
+    outcome = Outcome(success=False, error=f"transform failed: {error}", permanent=True)
+    return conclude(task, outcome, start, base=0, cap=0)
 
 
 def call_target(task: Task, body: bytes) -> Outcome:

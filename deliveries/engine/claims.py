@@ -109,6 +109,9 @@ TASK_COLUMNS = {
     "received_at": "event__received_at",
     "query_string": "event__query_string",
     "body": "inline_body",
+    "event_type": "event__event_type",
+    "provider_id": "event__provider_id",
+    "entrypoint_id": "event__entrypoint_id",
 }
 
 

@@ -24,7 +24,7 @@ from django.db.models import Max, Min
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
-from deliveries import metrics
+from deliveries import metrics, transforms
 from deliveries.engine import attempts
 from deliveries.engine.attempts import AttemptResult
 from deliveries.engine.breaker import Breakers, CircuitBreaker
@@ -274,13 +274,27 @@ class Engine:
             return False
         task.target = state
         try:
-            body = read_body(task) if state.filters else None
+            body = read_body(task) if state.filters or state.transform else None
         except DatabaseError:
             self._database_trouble(task)
             return False
-        if body is not None and not matches(state.filters, task.headers, body):
+        if state.filters and not matches(state.filters, task.headers, body):
             self.finish(attempts.filtered(task))
             return False
+        # Filters, then the transform: before the breaker and the rate limit, so an
+        # event the target does not take holds neither a probe nor a slot.
+        sent = task
+        if state.transform:
+            start = time.monotonic()
+            try:
+                shaped = transforms.for_task(task, body)
+            except transforms.TransformError as exc:
+                self.finish(attempts.transform_failed(task, str(exc), start))
+                return False
+            if shaped is None:
+                self.finish(attempts.filtered(task, transforms.DROPPED))
+                return False
+            sent, body = shaped
         if not self.partitions.may_attempt(task.target_id):
             # The lease ran out (the lock connection silent, or this process just
             # woke from a pause): nothing is sent until a round trip confirms the
@@ -318,13 +332,13 @@ class Engine:
             self._give_back_probe(task)
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return False
-        req = attempts.request(task, body) if self.sender.running else None
+        req = attempts.request(sent, body) if self.sender.running else None
         if req is not None:
             start = time.monotonic()
             self.sender.send(req, lambda outcome: self.completed(task, breaker, outcome, start))
             return True
         result = attempts.attempt(
-            task, body, base=self.config.backoff_base, cap=self.config.backoff_cap
+            task, body, base=self.config.backoff_base, cap=self.config.backoff_cap, sent=sent
         )
         self.attempted(task, breaker, result)
         return False

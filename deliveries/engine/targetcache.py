@@ -28,6 +28,7 @@ FIELDS = (
     "ordered",
     "rate_limit",
     "filters",
+    "transform",
     "failing_since",
     "updated_at",
     # The http target's Standard Webhooks signing (deliveries/signing.py).

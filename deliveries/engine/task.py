@@ -52,3 +52,10 @@ class Task:
     # epoch is the partition's current one (writer.py). None: nothing to fence
     # (SQLite's one engine, or an engine driven without a partition manager).
     fence: tuple[int, int] | None = None
+    # The event's, for a target's transform (deliveries/transforms/).
+    event_type: str = ""
+    provider_id: str = ""
+    entrypoint_id: int | None = None
+    # A copy shaped by the target's transform (transforms.for_task), sent in place
+    # of the event as received.
+    transformed: bool = False

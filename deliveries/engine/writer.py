@@ -172,7 +172,7 @@ class ResultWriter:
 
 # The columns of a delivery's status written for each attempt. Only these:
 # columns other processes may change (the admin) are left alone.
-STATUS_COLUMNS = ("status", "attempts", "next_attempt_at", "updated_at", "id")
+STATUS_COLUMNS = ("status", "attempts", "next_attempt_at", "reason", "updated_at", "id")
 
 
 def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
@@ -191,6 +191,7 @@ def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
             result.status,
             result.attempts,
             now + datetime.timedelta(seconds=result.delay) if result.delay is not None else None,
+            result.reason,
             now,
             result.task.delivery_id,
         )
@@ -319,7 +320,8 @@ def _update_statuses(rows: list[tuple]) -> set[int]:
     table = connection.ops.quote_name(Delivery._meta.db_table)
     adapt = connection.ops.adapt_datetimefield_value
     rows = [
-        (status, attempts, adapt(due), adapt(at), id_) for status, attempts, due, at, id_ in rows
+        (status, attempts, adapt(due), reason, adapt(at), id_)
+        for status, attempts, due, reason, at, id_ in rows
     ]
     with connection.cursor() as cursor:
         ids = [row[-1] for row in rows]

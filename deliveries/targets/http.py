@@ -258,6 +258,11 @@ _TOKEN_CHARS = frozenset(
 )
 
 
+def valid_header(name, value: str) -> bool:
+    """Whether `name: value` is one header line webhooker can send."""
+    return _token(name) and not _has_newline(value)
+
+
 def _token(name) -> bool:
     return isinstance(name, str) and bool(name) and set(name) <= _TOKEN_CHARS
 

@@ -43,7 +43,12 @@ class SlackTarget(transport.SendsHTTP):
         }
 
     def request(self, task, body):
-        payload = json.dumps({"text": format_message(task, body)}).encode()
+        # A transform's output is the message itself (Slack's {"text": ...} or
+        # blocks); else the event is shown as it came.
+        if task.transformed:
+            payload = body
+        else:
+            payload = json.dumps({"text": format_message(task, body)}).encode()
         return transport.request(
             task.target.config["webhook_url"],
             data=payload,

@@ -13,7 +13,7 @@ from unfold.widgets import INPUT_CLASSES
 from deliveries.admin.base import STATUS_COLOURS, CappedCountPaginator, status_badge
 from deliveries.admin.events import OUTCOME_ORDER
 from deliveries.models import Delivery, Event, Target
-from tests.support.admin import client_for, inline_data, world
+from tests.support.admin import client_for, inline_data, target_form_data, world
 from tests.support.engines import store
 
 pytestmark = pytest.mark.django_db
@@ -149,19 +149,10 @@ def test_target_header_values_are_masked_and_kept_on_save(alice):
     # Saved back unchanged, the masked value keeps the secret; a new value replaces it.
     form = page.context["adminform"].form
     shown = form["headers"].value()
-    data = {
-        "name": "t",
-        "type": "http",
-        "active": "on",
-        "url": "https://example.com/hook",
-        "headers": form.fields["headers"].prepare_value(shown) + "\nX-New: 2",
-        "max_retries": "3",
-        "max_queue_size": "100",
-        "rate_limit": "0",
-        "filters": "[]",
-        "initial-paused": "False",
-        "initial-paused_reason": "",
-    }
+    data = target_form_data(
+        "https://example.com/hook",
+        headers=form.fields["headers"].prepare_value(shown) + "\nX-New: 2",
+    )
     url = reverse("admin:deliveries_target_change", args=[target.pk])
     assert client.post(url, data).status_code == 302
     target.refresh_from_db()

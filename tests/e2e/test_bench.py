@@ -36,6 +36,7 @@ FIGURES = [
     "engine_cpu_per_delivery_ratio",
     "engine_rss_mb_5k_inflight",
     "ordered_lane_ratio",
+    "transform_ratio",
     "slow_senders_idle_p99_ms",
     "slow_senders_p99_ms",
     "slow_senders_p99_ratio",

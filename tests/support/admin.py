@@ -43,6 +43,24 @@ def act(client, url, data, **kwargs):
     return client.post(url, {**hidden, "confirm": "1"}, **kwargs)
 
 
+def target_form_data(url, **fields):
+    """The target page's POST data for an active http target to `url` (`fields`
+    override or add form fields)."""
+    return {
+        "name": "t",
+        "type": "http",
+        "active": "on",
+        "url": url,
+        "max_retries": "3",
+        "max_queue_size": "100",
+        "rate_limit": "0",
+        "filters": "[]",
+        "initial-paused": "False",
+        "initial-paused_reason": "",
+        **fields,
+    }
+
+
 def inline_data(**target):
     """The webhook add form's POST data with one http target inline (`target`
     overrides its fields)."""

@@ -118,6 +118,9 @@ CALLS = [
     Call("targets_pause", "post", "targets/{target}/pause/", lambda ids: {"reason": "maintenance"}),
     Call("targets_resume", "post", "targets/{target}/resume/"),
     Call("targets_rotate_secret", "post", "targets/{target}/rotate-secret/"),
+    Call(
+        "targets_preview", "post", "targets/{target}/preview/", lambda ids: {"event": ids["event"]}
+    ),
     Call("events_list", "get", "events/"),
     Call("events_retrieve", "get", "events/{event}/"),
     Call("events_body", "get", "events/{event}/body/"),
