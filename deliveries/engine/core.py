@@ -334,6 +334,9 @@ class Engine:
             return False
         req = attempts.request(sent, body) if self.sender.running else None
         if req is not None:
+            # Checked again when the loop starts it: a loop that stalled (the
+            # process frozen) past the lease sends nothing that waited on it.
+            req.may_send = lambda: self.partitions.may_attempt(task.target_id)
             start = time.monotonic()
             self.sender.send(req, lambda outcome: self.completed(task, breaker, outcome, start))
             return True
@@ -348,10 +351,14 @@ class Engine:
         result, then its slot of the target's gate. The target's next parked task
         goes back to the workers, who take the slot for it."""
         try:
-            result = attempts.conclude(
-                task, outcome, start, base=self.config.backoff_base, cap=self.config.backoff_cap
-            )
-            self.attempted(task, breaker, result)
+            if outcome.held_back:  # the lease ran out before the loop sent it
+                self._give_back_probe(task)
+                self.schedule(task, self.clock() + self.LEASE_WAIT)
+            else:
+                result = attempts.conclude(
+                    task, outcome, start, base=self.config.backoff_base, cap=self.config.backoff_cap
+                )
+                self.attempted(task, breaker, result)
         except Exception:
             logger.exception("delivery %s: unexpected error", task.delivery_id)
             self._give_back_probe(task)
@@ -462,6 +469,12 @@ class Engine:
             return
         task.unwritten = None
         if written is Written.STALE:
+            if self.partitions.forfeit(task.fence):
+                logger.warning(
+                    "partition %s was taken from this engine (epoch %s is stale): "
+                    "claiming nothing more there",
+                    *task.fence,
+                )
             self.let_stale_go(task)
             return
         if written is Written.COMMITTED and self._control_after(result):

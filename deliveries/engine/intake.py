@@ -144,6 +144,8 @@ class Intake:
         self.requeue_pos = 0
         # Set by a pass that read a full page somewhere: more rows may be waiting.
         self.more = False
+        # Set by a pass that filled the channel: the next waits for the workers.
+        self.full = False
 
     def start_at(self, newest_id: int, oldest_pending_id: int | None) -> None:
         """Place the cursor before what the start must still read."""
@@ -176,7 +178,10 @@ class Intake:
             dispatched += len(tasks)
             room -= len(tasks)
         if room > 0:
-            dispatched += self._heads(room)
+            heads = self._heads(room)
+            dispatched += heads
+            room -= heads
+        self.full = room <= 0
         return dispatched
 
     def _heads(self, room) -> int:

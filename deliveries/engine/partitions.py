@@ -102,7 +102,7 @@ class Partitions:
     token, carried by every task claimed there and checked by its result's write
     (empty on SQLite: one engine, nothing to fence). The sets are replaced whole
     (frozensets), so readers on any thread need no lock; handover.Handover is the
-    one writer.
+    one writer, but for forfeit() (a result's write refused by its fence).
     """
 
     def __init__(self, count: int = 1, *, held=None, lease: Lease | None = None):
@@ -154,6 +154,21 @@ class Partitions:
         with self._lock:
             self.held = self.held | set(partitions)
             self._set(self.claimable | set(partitions), {**self.epochs, **(epochs or {})})
+
+    def forfeit(self, fence) -> bool:
+        """A write under `fence` (partition, epoch) was refused: the partition's
+        epoch moved on, so another engine took it while this one still believes in
+        that epoch. Nothing more is claimed there (it drains, and the manager lets
+        it go); True if that was news. A refusal under an epoch already replaced
+        (taken back since) changes nothing."""
+        if fence is None:
+            return False
+        partition, epoch = fence
+        with self._lock:
+            if partition not in self.claimable or self.epochs.get(partition) != epoch:
+                return False
+            self._set(self.claimable - {partition}, self.epochs)
+            return True
 
     def start_drain(self, partitions) -> None:
         with self._lock:

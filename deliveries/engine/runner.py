@@ -102,6 +102,11 @@ class IntakeLoop:
     the poll interval."""
 
     name = "intake"
+    # Seconds between passes while the channel is full: the workers are the
+    # bottleneck, the rows wait in the database, and a pass at once would find no
+    # room again (it spun, taking the workers' CPU). The workers take a few hundred
+    # tasks meanwhile out of DELIVERY_CHANNEL_SIZE.
+    FULL_WAIT = 0.05
 
     def __init__(self, engine: Engine, stamp=lambda name: None):
         self.engine = engine
@@ -117,6 +122,8 @@ class IntakeLoop:
                 not stop.is_set()
             ):
                 self.stamp(self.name)
+                if engine.intake.full:
+                    stop.wait(self.FULL_WAIT)
             engine.wake_event.wait(engine.config.poll_interval)
             engine.wake_event.clear()
 

@@ -53,6 +53,8 @@ class Outcome:
     request_headers: tuple = ()
     # The answer's header lines as text, at most RESPONSE_HEADERS_LIMIT characters.
     response_headers: str = ""
+    # Nothing was sent after all (transport.HELD_BACK): no attempt to count.
+    held_back: bool = False
 
 
 class TargetType:

@@ -28,6 +28,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 
 import aiohttp
 import requests
@@ -144,6 +145,9 @@ class Request:
     # Outcome fields the target fills in itself (what was sent, for the delivery
     # page), set on whatever the attempt comes to.
     shown: dict = dataclasses.field(default_factory=dict)
+    # Asked when the loop starts the request (the engine: its lease still valid);
+    # False, nothing is sent and the outcome is HELD_BACK.
+    may_send: Callable[[], bool] | None = None
 
 
 def request(
@@ -191,8 +195,14 @@ def request(
     )
 
 
+# Not sent: `may_send` said no when the loop came to it. Not an attempt.
+HELD_BACK = Outcome(success=False, error="held back: not sent", held_back=True)
+
+
 async def send(req: Request) -> Outcome:
     """POST once; never follow redirects; read at most the stored response excerpt."""
+    if req.may_send is not None and not req.may_send():
+        return HELD_BACK
     outcome = req.refused if req.refused is not None else await _post(req)
     return dataclasses.replace(outcome, **req.shown) if req.shown else outcome
 

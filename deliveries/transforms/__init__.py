@@ -27,14 +27,15 @@ import json
 
 from django.core.exceptions import ValidationError
 
-from deliveries.transforms.pool import TransformError, workers
+from deliveries.transforms.pool import SHOW, TransformError, workers
+from deliveries.transforms.worker import wrapped
 
 # Characters of a program: a transform is a few lines, not a library.
 MAX_PROGRAM = 10_000
 KEYS = ("body", "headers", "query")
 DROPPED = "dropped by transform"
 
-__all__ = ["DROPPED", "TransformError", "for_task", "task_input", "validate_program"]
+__all__ = ["DROPPED", "TransformError", "for_task", "run", "shaped", "validate_program"]
 
 
 def validate_program(program: str) -> None:
@@ -49,38 +50,32 @@ def validate_program(program: str) -> None:
         jq.compile(program)
     except ValueError as exc:
         raise ValidationError(str(exc).strip()) from None
+    try:
+        jq.compile(wrapped(program))
+    except ValueError:
+        raise ValidationError(
+            "A transform is one jq expression (definitions first are fine); it cannot "
+            "import or include modules."
+        ) from None
 
 
-def document(*, body: bytes, headers: list, query: str, event: dict) -> dict:
-    """The program's input for an event (see the module's docstring)."""
+def document(*, body: bytes, headers: list, query: str, event: dict) -> bytes:
+    """The program's input as JSON text, but for `body`, which the worker fills in
+    from `text` (jq parses it there, outside the engine)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    parsed = None
-    if text is not None:
-        try:
-            parsed = json.loads(text)
-        except (ValueError, RecursionError):
-            parsed = None
     joined: dict[str, str] = {}
     for name, value in headers:
         key = name.lower()
         joined[key] = f"{joined[key]}, {value}" if key in joined else value
-    return {"body": parsed, "text": text, "headers": joined, "query": query, "event": event}
+    return json.dumps(
+        {"body": None, "text": text, "headers": joined, "query": query, "event": event}
+    ).encode()
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Shaped:
-    """What the target is sent in place of the event's own body and lines."""
-
-    body: bytes
-    headers: list
-    content_type: str
-    query: str
-
-
-def task_input(task, body: bytes) -> dict:
+def task_document(task, body: bytes) -> bytes:
     """The program's input for the event a Task carries."""
     event = {
         "code": str(task.event_code),
@@ -93,20 +88,29 @@ def task_input(task, body: bytes) -> dict:
     return document(body=body, headers=task.headers, query=task.query_string, event=event)
 
 
-def for_task(task, body: bytes, *, seen=None):
-    """The engine's call: (task as sent, body sent), or None when the program drops
-    the event; raises TransformError. The task returned is a copy for building the
-    request; the original's result is written. `seen(output)` is told what the
-    program yielded (a preview)."""
-    produced = workers().run(task.target.transform, task_input(task, body))
-    if len(produced) > 1:
+def run(task, body: bytes, program: str, *, show: bool = False):
+    """(input, output) of `program` for the task's event: the input only when
+    `show` (a preview), else None; the output None when the program drops the
+    event. Raises TransformError."""
+    answer = workers().run(SHOW + program if show else program, task_document(task, body))
+    shown, values = answer if show else (None, answer)
+    if len(values) > 1:
         raise TransformError("the transform yielded more than one value: yield one object")
-    out = produced[0] if produced else None
-    if seen is not None:
-        seen(out)
+    return shown, values[0] if values else None
+
+
+def for_task(task, body: bytes):
+    """The engine's call: (task as sent, body sent), or None when the program drops
+    the event; raises TransformError."""
+    return shaped(task, body, run(task, body, task.target.transform)[1])
+
+
+def shaped(task, body: bytes, out):
+    """(task as sent, body sent) for a program's output, or None for null. The task
+    returned is a copy for building the request; the original's result is written."""
     if out is None:
         return None
-    shaped = _shape(
+    shape = _shape(
         out,
         body=body,
         headers=task.headers,
@@ -115,14 +119,24 @@ def for_task(task, body: bytes, *, seen=None):
     )
     sent = dataclasses.replace(
         task,
-        headers=shaped.headers,
-        content_type=shaped.content_type,
-        query_string=shaped.query,
-        body=shaped.body,
-        body_size=len(shaped.body),
+        headers=shape.headers,
+        content_type=shape.content_type,
+        query_string=shape.query,
+        body=shape.body,
+        body_size=len(shape.body),
         transformed=True,
     )
-    return sent, shaped.body
+    return sent, shape.body
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shaped:
+    """What the target is sent in place of the event's own body and lines."""
+
+    body: bytes
+    headers: list
+    content_type: str
+    query: str
 
 
 def _shape(out, *, body: bytes, headers: list, query: str, content_type: str) -> Shaped:

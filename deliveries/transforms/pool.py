@@ -2,10 +2,21 @@
 
 A jq program is the target owner's code: `last(range(1e15))` never ends and
 `[range(1e9)]` wants gigabytes. So programs run out of the calling process, in
-worker processes (worker.py) capped in address space, and the caller waits at most
-DELIVERY_TRANSFORM_TIMEOUT for each call; past it the worker is killed and a new
-one started. A runaway program costs its own call and the start of one process,
-never a thread of the engine nor its memory.
+worker processes (worker.py) capped in address space, and each call may run at most
+DELIVERY_TRANSFORM_TIMEOUT; past it the worker is killed and a new one started. A
+runaway program costs its own call and the start of one process, never a thread of
+the engine nor its memory.
+
+Calls are pipelined: a caller writes its request to the worker with the fewest
+calls waiting and blocks on its own answer; the worker reads every request queued
+in its pipe in one wake-up, and a reader thread per worker hands each answer to its
+caller in order. On a busy machine a worker waits a few milliseconds to be
+scheduled whenever it is woken; one call per wake-up held an engine to a few hundred
+transforms a second per worker (bench/RESULTS.md).
+
+The reader also keeps the time: a call's limit runs from when it reaches the head
+of its worker's queue (the calls before it are answered), so the calls queued
+behind a runaway are sent again to a new worker, not blamed for it.
 
 Each process that transforms (the engine; a web worker showing a preview) starts
 its own workers, lazily, and after a fork anew.
@@ -14,9 +25,11 @@ its own workers, lazily, and after a fork anew.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -27,9 +40,13 @@ from pathlib import Path
 
 from django.conf import settings
 
+from deliveries.transforms.worker import SHOW
+
 WORKER = Path(__file__).with_name("worker.py")
-# What a worker says on stderr as it dies (libjq's "cannot allocate memory").
-DYING_WORDS = 4096
+# Handed to the callers queued behind a call that ended its worker: ask again.
+_AGAIN = ("again", None)
+
+__all__ = ["SHOW", "Pool", "TransformError", "workers"]
 
 
 class TransformError(Exception):
@@ -37,131 +54,231 @@ class TransformError(Exception):
 
 
 class _Worker:
-    def __init__(self, megabytes: int):
-        self.process = subprocess.Popen(  # noqa: S603 (fixed argv)
-            [sys.executable, "-I", str(WORKER), str(megabytes)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            close_fds=True,
-        )
+    """One worker process, its queue of callers, and the thread that reads its
+    answers and keeps its time."""
 
-    def call(self, line: bytes, deadline: float) -> list:
-        """Send one call and read its answer by `deadline` (time.monotonic)."""
-        self.process.stdin.write(line)
-        self.process.stdin.flush()
-        out = self.process.stdout.fileno()
-        chunks = []
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([out], [], [], left)[0]:
-                raise TimeoutError
-            chunk = os.read(out, 1 << 20)
-            if not chunk:
-                raise EOFError
-            chunks.append(chunk)
-            if chunk.endswith(b"\n"):
-                return json.loads(b"".join(chunks))
+    def __init__(self, pool: Pool):
+        self.pool = pool
+        self.process = _Spawner.get().start(pool.megabytes)
+        self.stdin = self.process.stdin.fileno()
+        self.stdout = self.process.stdout.fileno()
+        # (answer box, when sent) of each waiting caller, in the order of requests.
+        self.waiting: collections.deque[tuple[queue.SimpleQueue, float]] = collections.deque()
+        self.lock = threading.Lock()
+        self.dead = False
+        # Wakes the reader when a call arrives at an idle worker: its time starts.
+        self._wake_r, self._wake_w = os.pipe()
+        threading.Thread(target=self._read, name="transform-reader", daemon=True).start()
 
-    def last_words(self) -> str:
+    def send(self, request: bytes) -> queue.SimpleQueue | None:
+        """Queue one call; its answer box, or None when this worker has ended."""
+        box = queue.SimpleQueue()
+        with self.lock:
+            if self.dead:
+                return None
+            idle = not self.waiting
+            self.waiting.append((box, time.monotonic()))
+            try:
+                view = memoryview(request)
+                while view:
+                    view = view[os.write(self.stdin, view) :]
+                if idle:
+                    os.write(self._wake_w, b"\0")
+            except OSError:
+                pass  # it died: the reader answers every caller
+        return box
+
+    def _read(self) -> None:
         try:
-            readable = select.select([self.process.stderr], [], [], 0.5)[0]
-            return os.read(self.process.stderr.fileno(), DYING_WORDS).decode() if readable else ""
-        except OSError:
-            return ""
+            self._answer()
+        except Exception:  # never leave a caller waiting
+            self._end(("error", "the transform's worker process failed"))
+        finally:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _answer(self) -> None:
+        poll = select.poll()
+        poll.register(self.stdout, select.POLLIN)
+        poll.register(self._wake_r, select.POLLIN)
+        timeout = self.pool.timeout
+        buffer = b""
+        answered = time.monotonic()
+        while True:
+            with self.lock:
+                head = self.waiting[0] if self.waiting else None
+            left = None
+            if head is not None:
+                # Its time runs from when the calls before it were answered.
+                left = max(head[1], answered) + timeout - time.monotonic()
+                if left <= 0:
+                    self._end(("error", f"the transform ran longer than {timeout:g} s"))
+                    return
+            ready = {fd for fd, _ in poll.poll(None if left is None else left * 1000)}
+            if self._wake_r in ready:
+                os.read(self._wake_r, 4096)
+            if self.stdout not in ready:
+                continue
+            chunk = os.read(self.stdout, 1 << 20)
+            if not chunk:
+                self._end(self._why_ended())
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                with self.lock:
+                    box, _ = self.waiting.popleft()
+                answered = time.monotonic()
+                try:
+                    answer = json.loads(line)
+                except ValueError:
+                    answer = ("error", "the transform's worker process answered nonsense")
+                box.put(answer)
+                if answer[0] == "memory":  # it exits: the calls behind ask again
+                    self._end(None)
+                    return
+
+    def _why_ended(self):
+        self.process.wait()
+        if self.process.returncode == -signal.SIGABRT:  # libjq out of memory
+            return ("memory", None)
+        return ("error", "the transform's worker process ended unexpectedly")
+
+    def _end(self, head_answer) -> None:
+        """Kill the process; the call at the head gets `head_answer` (None: it was
+        answered), the calls behind it ask again, of a new worker."""
+        with self.lock:
+            if self.dead:
+                return
+            self.dead = True
+            waiting, self.waiting = list(self.waiting), collections.deque()
+        self.kill()
+        self.pool.replace(self)
+        for n, (box, _) in enumerate(waiting):
+            box.put(head_answer if n == 0 and head_answer is not None else _AGAIN)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            with contextlib.suppress(OSError):
-                stream.close()
+        self.process.stdin.close()
+        self.process.stdout.close()
+
+
+class _Spawner:
+    """Starts worker processes from one thread that lives as long as the process.
+
+    A worker asks the kernel to kill it when its parent goes (PR_SET_PDEATHSIG),
+    even mid-program; the kernel means the parent *thread*. Started from a request's
+    or a worker's thread, it would die with that thread."""
+
+    _current: _Spawner | None = None
+    _pid = 0
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self._asks: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="transform-spawner", daemon=True).start()
+
+    @classmethod
+    def get(cls) -> _Spawner:
+        with cls._lock:
+            if cls._current is None or cls._pid != os.getpid():
+                cls._current, cls._pid = cls(), os.getpid()
+            return cls._current
+
+    def start(self, megabytes: int) -> subprocess.Popen:
+        box = queue.SimpleQueue()
+        self._asks.put((megabytes, box))
+        started = box.get()
+        if isinstance(started, OSError):
+            raise started
+        return started
+
+    def _run(self) -> None:
+        while True:
+            megabytes, box = self._asks.get()
+            try:
+                box.put(
+                    subprocess.Popen(  # noqa: S603 (fixed argv)
+                        [sys.executable, "-I", str(WORKER), str(megabytes)],
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        # jq's `debug` and `stderr` write there: nobody reads it.
+                        stderr=subprocess.DEVNULL,
+                        # Nothing of the engine's environment (jq's $ENV reads it).
+                        env={},
+                        close_fds=True,
+                    )
+                )
+            except OSError as exc:
+                box.put(exc)
 
 
 class Pool:
-    """Up to `size` worker processes; a call takes an idle one, or waits for one."""
+    """`size` worker processes, started when first needed."""
 
     def __init__(self, *, size: int, timeout: float, megabytes: int):
         self.size, self.timeout, self.megabytes = size, timeout, megabytes
-        self._idle: list[_Worker] = []
-        self._started = 0
-        self._lock = threading.Condition()
+        self._workers: list[_Worker | None] = [None] * size
+        self._lock = threading.Lock()
         self._closed = False
-
-    def run(self, program: str, value, *, timeout: float | None = None) -> list:
-        """At most the first two values `program` yields for `value`; raises
-        TransformError with jq's message, or saying which limit the call hit."""
-        timeout = self.timeout if timeout is None else timeout
-        line = _line(program, value)
-        worker = self._take()
-        try:
-            answer = worker.call(line, time.monotonic() + timeout)
-        except TimeoutError:
-            self._discard(worker)
-            raise TransformError(f"the transform ran longer than {timeout:g} s") from None
-        except (EOFError, OSError, ValueError):
-            said = worker.last_words()
-            self._discard(worker)
-            if "memory" in said or worker.process.returncode == -signal.SIGABRT:
-                raise TransformError(self._too_big()) from None
-            raise TransformError("the transform's worker process ended unexpectedly") from None
-        if answer[0] == "memory":
-            self._discard(worker)
-            raise TransformError(self._too_big())
-        self._give_back(worker)
-        if answer[0] == "error":
-            raise TransformError(answer[1])
-        return answer[1]
 
     def limits(self) -> dict:
         return {"size": self.size, "timeout": self.timeout, "megabytes": self.megabytes}
 
+    def run(self, program: str, document: bytes) -> list:
+        """The answer to `program` for `document` (JSON text, without `body`: the
+        worker parses it from `text`): at most its first two values, or with SHOW
+        before the program, [input, values]. Raises TransformError with jq's
+        message, or saying which limit the call hit."""
+        request = json.dumps(program).encode() + b"\n" + document + b"\n"
+        while True:
+            box = self._least_busy().send(request)
+            if box is None:
+                continue  # it ended just now: another
+            kind, value = box.get()
+            if kind == "again":
+                continue
+            if kind == "memory":
+                raise TransformError(
+                    f"the transform needed more than {self.megabytes} MB of memory"
+                )
+            if kind == "error":
+                raise TransformError(value)
+            return value
+
+    def replace(self, worker: _Worker) -> None:
+        """An ended worker's place is free for a new one."""
+        with self._lock:
+            for n, current in enumerate(self._workers):
+                if current is worker:
+                    self._workers[n] = None
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for worker in idle:
-            worker.kill()
+            workers, self._workers = self._workers, [None] * self.size
+        for worker in workers:
+            if worker is not None:
+                worker._end(("error", "webhooker is stopping"))
 
-    def _too_big(self) -> str:
-        return f"the transform needed more than {self.megabytes} MB of memory"
-
-    def _take(self) -> _Worker:
+    def _least_busy(self) -> _Worker:
         with self._lock:
-            while not self._idle and self._started >= self.size:
-                self._lock.wait()
-            if self._idle:
-                return self._idle.pop()
-            self._started += 1
-        try:
-            return _Worker(self.megabytes)
-        except OSError:
-            with self._lock:
-                self._started -= 1
-                self._lock.notify()
-            raise TransformError("no transform worker process could be started") from None
-
-    def _give_back(self, worker: _Worker) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append(worker)
-                self._lock.notify()
-                return
-        worker.kill()
-
-    def _discard(self, worker: _Worker) -> None:
-        worker.kill()
-        with self._lock:
-            self._started -= 1
-            self._lock.notify()
-
-
-def _line(program: str, value) -> bytes:
-    try:
-        return json.dumps([program, value], allow_nan=False).encode() + b"\n"
-    except ValueError as exc:
-        raise TransformError(f"the transform's input is not JSON: {exc}") from None
+            if self._closed:
+                raise TransformError("webhooker is stopping")
+            best = None
+            for n, worker in enumerate(self._workers):
+                if worker is None:
+                    try:
+                        worker = self._workers[n] = _Worker(self)
+                    except OSError:
+                        raise TransformError(
+                            "no transform worker process could be started"
+                        ) from None
+                if best is None or len(worker.waiting) < len(best.waiting):
+                    best = worker
+            return best
 
 
 _pool: Pool | None = None
@@ -177,6 +294,9 @@ def workers() -> Pool:
         "timeout": settings.DELIVERY_TRANSFORM_TIMEOUT,
         "megabytes": settings.DELIVERY_TRANSFORM_MEMORY,
     }
+    pool = _pool
+    if pool is not None and _pool_pid == os.getpid() and pool.limits() == wanted:
+        return pool
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid() or _pool.limits() != wanted:
             if _pool is not None and _pool_pid == os.getpid():

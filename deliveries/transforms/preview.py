@@ -28,12 +28,13 @@ def preview(target, event, program: str | None = None) -> dict:
     task = _task(event, state)
     body = bytes(event.body)
     # What a program reads, also when there is none yet: to write one from.
-    answer = {"input": transforms.task_input(task, body), "output": None}
+    shown, out = transforms.run(task, body, program or "empty", show=True)
+    answer = {"input": shown, "output": out if program else None}
     if state.filters and not matches(state.filters, task.headers, body):
         return {**answer, "dropped": True, "reason": FILTERS_DID_NOT_MATCH}
     sent = task
     if program:
-        shaped = transforms.for_task(task, body, seen=lambda out: answer.update(output=out))
+        shaped = transforms.shaped(task, body, out)
         if shaped is None:
             return {**answer, "dropped": True, "reason": transforms.DROPPED}
         sent, body = shaped

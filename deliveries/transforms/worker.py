@@ -1,9 +1,13 @@
 """One transform worker process: reads calls on stdin, answers on stdout.
 
-Run as `python -m deliveries.transforms.worker <megabytes>` by pool.Pool, never
-imported by the engine. It imports nothing of Django: a call is one JSON line
-`[program, input]`, the answer one JSON line `["ok", [value, ...]]` (at most two
-values: a third is never computed) or `["error", "<jq's message>"]`.
+Run as `python -I worker.py <megabytes>` by pool.Pool, never imported by the engine,
+with an empty environment (jq's `$ENV` must not read the engine's secrets). It
+imports nothing of Django. A call is two lines: the program as a JSON string, then
+the input document as JSON text, which jq parses itself (its `body` is filled in
+here from its `text`, by jq's `fromjson`). The answer is one line, built without
+parsing jq's output again: `["ok", [value, ...]]` (at most two values: a third is
+never computed), `["shown", [input, [value, ...]]]` for a program sent with the
+SHOW prefix, `["error", "<jq's message>"]` or `["memory", ""]`.
 
 The limits are the parent's and the kernel's: the parent kills a call that runs past
 its time, and the address space is capped here (RLIMIT_AS), so a program that builds
@@ -21,6 +25,21 @@ import sys
 # Compiled programs kept per worker: a target's program is compiled once, not per call.
 CACHE_SIZE = 64
 PR_SET_PDEATHSIG = 1
+# A program prefixed with this (never valid jq) also answers with its input.
+SHOW = "#show\n"
+# The program inside parentheses: no `import` or `include` (a syntax error there), a
+# trailing comment closed by the newline, and no more than two values computed.
+BODY = ".body = (.text | try fromjson catch null) | "
+RUN = BODY + "[limit(2; ({}\n))]"
+RUN_SHOWN = BODY + "[., [limit(2; ({}\n))]]"
+
+
+def wrapped(program: str) -> str:
+    """The jq program a worker runs for a transform `program` (validation compiles
+    it too, so what saves is what runs)."""
+    if program.startswith(SHOW):
+        return RUN_SHOWN.format(program.removeprefix(SHOW))
+    return RUN.format(program)
 
 
 def main(megabytes: int) -> None:
@@ -33,31 +52,31 @@ def main(megabytes: int) -> None:
     import jq  # after the limit: its allocations count
 
     compiled: dict[str, object] = {}
-    for line in sys.stdin.buffer:
+    lines = sys.stdin.buffer
+    out = sys.stdout.buffer
+    while True:
+        program_line, document = lines.readline(), lines.readline()
+        if not document:
+            return
+        kind = "ok"
         try:
-            program, value = json.loads(line)
+            program = json.loads(program_line)
             runnable = compiled.get(program)
             if runnable is None:
                 if len(compiled) >= CACHE_SIZE:
                     compiled.pop(next(iter(compiled)))
-                runnable = compiled[program] = jq.compile(program)
-            values = []
-            for produced in runnable.input_value(value):
-                values.append(produced)
-                if len(values) == 2:
-                    break
-            answer = ["ok", values]
+                runnable = compiled[program] = jq.compile(wrapped(program))
+            if program.startswith(SHOW):
+                kind = "shown"
+            values = runnable.input_text(document.decode()).text()
+            answer = f'["{kind}", {values}]\n'.encode()
         except MemoryError:
-            answer = ["memory", ""]
-        except Exception as exc:  # jq's runtime errors are ValueError
-            answer = ["error", str(exc)]
-        try:
-            out = json.dumps(answer).encode() + b"\n"
-        except MemoryError:
-            out = b'["memory", ""]\n'
-        sys.stdout.buffer.write(out)
-        sys.stdout.buffer.flush()
-        if answer[0] == "memory":
+            answer = b'["memory", ""]\n'
+        except Exception as exc:  # jq's errors are ValueError
+            answer = json.dumps(["error", str(exc)]).encode() + b"\n"
+        out.write(answer)
+        out.flush()
+        if answer.startswith(b'["memory"'):
             return  # what is left of this process's heap is not to be trusted
 
 

@@ -2,6 +2,7 @@
 checked by every result's write. Steps on this thread; the lock manager on a real
 PostgreSQL; whole processes under faults in tests/e2e/test_faults.py."""
 
+import asyncio
 import threading
 import time
 
@@ -69,6 +70,28 @@ def test_a_late_result_never_sets_back_what_the_new_owner_delivered(entrypoint, 
     assert list(DeliveryResult.objects.values_list("attempt", "success")) == [(1, True)]
 
 
+def test_a_refused_write_stops_the_engine_claiming_in_that_partition(entrypoint, make_target, sink):
+    """A write refused under the epoch the engine still believes in proves the
+    partition was taken from it. Reading the row again then claimed it under that
+    same epoch and sent it again, within the lease: a duplicate the new owner's
+    attempt would add to (found from outside in the 300-fault run)."""
+    postgresql_only()
+    target = make_target(url=sink.url("/a"), max_retries=5)
+    sink.always("/a", 500)
+    engine, task = claimed(entrypoint, target)
+    # Another engine took the partition; the delivery waits there, unattempted yet.
+    Partition.objects.filter(number=0).update(epoch=2, holder="other")
+
+    engine.process(task)  # sent (its lease is valid), answered 500: its write refused
+    assert engine.channel.depth() == 0
+    assert not engine.partitions.may_claim(target.pk)
+    engine.intake_once()
+    engine.recover_once()
+    assert engine.channel.depth() == 0
+    assert len(sink.requests("/a")) == 1
+    assert Delivery.objects.get(target=target).attempts == 0  # the new owner's to make
+
+
 def test_a_take_waits_for_a_write_in_progress_and_then_fences_it_off(entrypoint, make_target, sink):
     """The take's epoch bump and a result's write are ordered by the partition row's
     lock: a write holding it finishes first (the taker's recovery sees it); a write
@@ -128,6 +151,44 @@ def test_an_engine_whose_lease_ran_out_sends_nothing_until_it_is_renewed(
     engine.process(task)
     assert len(sink.requests("/a")) == 2
     assert sorted(Delivery.objects.values_list("status", flat=True)) == ["delivered"] * 2
+
+
+def test_an_attempt_the_loop_starts_after_the_lease_ran_out_is_not_sent(
+    entrypoint, make_target, sink
+):
+    """The lease is checked when the HTTP client's loop starts the request, not only
+    when a worker hands it over: a loop that stalled (the process frozen, say) past
+    the lease must not send what waited on it, the partition perhaps another
+    engine's by then. The attempt is not counted; it waits for a renewed lease."""
+    from deliveries.targets import transport
+
+    target = make_target(url=sink.url("/late"))
+    clock = FakeClock()
+    lease = Lease(2.0, clock=clock)
+    lease.confirm(clock())
+    engine = make_engine(partitions=Partitions(1, lease=lease))
+    engine.sender.running = True
+    completer = threading.Thread(target=engine.sender.run)
+    completer.start()
+    engine.recover_once(at_start=True)
+    store(entrypoint)
+    engine.intake_once()
+    stall = threading.Event()
+    transport.client.submit(asyncio.sleep(0))  # the loop runs
+    transport.client._running_loop().call_soon_threadsafe(stall.wait)  # and stalls
+    try:
+        assert engine.process_one() is True  # handed to the loop, which is busy
+        clock.now += 2.5  # the lease runs out meanwhile
+    finally:
+        stall.set()
+    wait_until(lambda: engine.scheduler.pending() == 1, timeout=10, message="held back")
+    engine.sender.stop()
+    completer.join(10)
+
+    assert sink.requests("/late") == []
+    delivery = Delivery.objects.get(target=target)
+    assert (delivery.status, delivery.attempts) == ("pending", 0)
+    assert not DeliveryResult.objects.exists()
 
 
 def test_a_stale_task_is_read_again_when_the_engine_took_its_partition_back(

@@ -161,3 +161,19 @@ def test_workers_follow_the_settings(settings):
     settings.DELIVERY_TRANSFORM_TIMEOUT = 0.25
     assert workers().timeout == 0.25
     assert workers() is workers()
+
+
+def test_a_program_reads_nothing_of_the_engines_environment(entrypoint, make_target, sink):
+    target = make_target(url=sink.url("/env"), transform="{body: {env: $ENV}}")
+    assert deliver(entrypoint, target, body=PUSH).status == "delivered"
+    (received,) = sink.wait_for(1, "/env")
+    # Only what Python sets for itself (PEP 538's locale coercion).
+    assert set(json.loads(received.body)["env"]) <= {"LC_CTYPE"}
+
+
+def test_modules_cannot_be_imported(make_target):
+    target = make_target(url="http://example.com/x")
+    target.transform = 'import "secrets" as $s; .'
+    with pytest.raises(ValidationError) as caught:
+        target.full_clean()
+    assert "transform" in caught.value.message_dict

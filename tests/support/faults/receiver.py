@@ -24,6 +24,12 @@ class Receipt:
 
 
 class Quiet(http.server.ThreadingHTTPServer):
+    # The listen backlog: an engine opens a connection per attempt in flight, a
+    # burst of them after a take-over. A class attribute, read when the socket
+    # listens (set on the instance after that, it was 5: connections waited in the
+    # kernel past the attempt's deadline, and the engine's retry was a duplicate).
+    request_queue_size = 1024
+
     def handle_error(self, request, client_address):
         pass  # an engine killed mid-request resets its connection: expected here
 
@@ -71,7 +77,6 @@ class Receiver:
 
         self.server = Quiet(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.server.request_queue_size = 256
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.1,), daemon=True)
         self._thread.start()
