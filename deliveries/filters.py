@@ -5,11 +5,14 @@ A target's `filters` is a list of rules, all of which must match:
     {"source": "header", "name": "X-GitHub-Event", "op": "equals", "value": "push"}
     {"source": "json", "name": "data.object.status", "op": "one_of", "value": ["paid", "open"]}
     {"source": "json", "name": "livemode", "op": "exists"}
+    {"source": "event", "name": "type", "op": "one_of", "value": ["push", "release"]}
 
-Header names match case-insensitively, against every line of that header. A JSON
-path is dotted; a number in it indexes a list. A body that is not JSON, or a path
-that is missing, matches only `not_equals` (and never `exists`): a rule that cannot
-be evaluated filters the event out, it never raises. The engine evaluates rules at
+An `event` rule reads what webhooker knows of the event: its `type` (from the
+entrypoint's verification preset or event-type header, "" when unknown). Header
+names match case-insensitively, against every line of that header. A JSON path is
+dotted; a number in it indexes a list. A body that is not JSON, or a path that is
+missing, matches only `not_equals` (and never `exists`): a rule that cannot be
+evaluated filters the event out, it never raises. The engine evaluates rules at
 attempt time, never the inbound endpoint.
 """
 
@@ -19,7 +22,9 @@ import json
 
 from django.core.exceptions import ValidationError
 
-SOURCES = ("header", "json")
+SOURCES = ("header", "json", "event")
+# What an `event` rule may read.
+EVENT_FIELDS = ("type",)
 OPS = ("equals", "one_of", "exists", "not_equals")
 MAX_RULES = 20
 _MISSING = object()
@@ -46,8 +51,10 @@ def _clean_rule(n: int, rule) -> dict:
     if source not in SOURCES:
         raise ValidationError(f"Rule {n}: source must be one of {', '.join(SOURCES)}.")
     if not isinstance(name, str) or not name.strip():
-        what = "a header name" if source == "header" else "a dotted JSON path"
+        what = {"header": "a header name", "json": "a dotted JSON path"}.get(source, "type")
         raise ValidationError(f"Rule {n}: name must be {what}.")
+    if source == "event" and name.strip() not in EVENT_FIELDS:
+        raise ValidationError(f"Rule {n}: an event rule's name is {', '.join(EVENT_FIELDS)}.")
     if op not in OPS:
         raise ValidationError(f"Rule {n}: op must be one of {', '.join(OPS)}.")
     cleaned = {"source": source, "name": name.strip(), "op": op}
@@ -58,8 +65,8 @@ def _clean_rule(n: int, rule) -> dict:
     value = rule["value"]
     if op == "one_of" and (not isinstance(value, list) or not value):
         raise ValidationError(f"Rule {n}: one_of needs a non-empty list of values.")
-    if source == "header" and not all(isinstance(v, str) for v in _values(op, value)):
-        raise ValidationError(f"Rule {n}: header values are text.")
+    if source != "json" and not all(isinstance(v, str) for v in _values(op, value)):
+        raise ValidationError(f"Rule {n}: {source} values are text.")
     cleaned["value"] = value
     return cleaned
 
@@ -68,13 +75,15 @@ def _values(op, value) -> list:
     return value if op == "one_of" else [value]
 
 
-def matches(rules: list[dict], headers: list, body: bytes) -> bool:
-    """Whether an event with these headers and body passes every rule."""
+def matches(rules: list[dict], headers: list, body: bytes, *, event_type: str = "") -> bool:
+    """Whether an event with these headers, body and type passes every rule."""
     document = _MISSING
     for rule in rules:
         if rule["source"] == "header":
             name = rule["name"].lower()
             found = [value for key, value in headers if key.lower() == name]
+        elif rule["source"] == "event":
+            found = [event_type] if event_type else []
         else:
             if document is _MISSING:
                 document = _parse(body)

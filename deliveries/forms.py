@@ -19,7 +19,7 @@ from unfold.widgets import (
 )
 
 from deliveries import verification
-from deliveries.models import Entrypoint, Target
+from deliveries.models import Entrypoint, Event, Target
 from deliveries.targets import TARGET_TYPES, clean_config
 
 # {type: {config key: form field}}. A field marked required there is required when
@@ -86,11 +86,14 @@ class TargetForm(forms.ModelForm, _ConfigFields):
 
     filters = FiltersField(
         required=False,
-        widget=UnfoldAdminTextareaWidget(attrs={"rows": 4, "class": "wh-json-input"}),
+        widget=UnfoldAdminTextareaWidget(
+            attrs={"rows": 4, "class": "wh-json-input", "data-filter-rows": "1"}
+        ),
         help_text=Target._meta.get_field("filters").help_text
-        + ' E.g. [{"source": "header", "name": "X-GitHub-Event", "op": "equals", '
-        '"value": "push"}]; ops: equals, one_of, exists, not_equals; source header or '
-        "json (a dotted path).",
+        + " One rule a row: a header's value, a dotted path into a JSON body, or the "
+        "event's type; ops equals, one of (comma-separated), exists, not equals. "
+        '(As JSON: [{"source": "header", "name": "X-GitHub-Event", "op": "equals", '
+        '"value": "push"}].)',
     )
 
     class Meta:
@@ -127,6 +130,10 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         for name in _ConfigFields.base_fields.keys() & config.keys():
             self.initial.setdefault(name, config[name])
         self.fields["type"].widget.attrs["data-target-type"] = "1"
+        if self.instance.webhook_id:
+            # The "deliver only these event types" shortcut offers what it has seen.
+            seen = Event.objects.recent_types(self.instance.webhook_id)
+            self.fields["filters"].widget.attrs["data-event-types"] = json.dumps(seen)
         # The engine pauses targets by itself: the form compares what it was shown
         # (a hidden initial) with what comes back, so a page opened before the engine
         # paused the target does not resume it on save unless the box was unticked.

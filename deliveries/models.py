@@ -372,6 +372,18 @@ class Target(models.Model):
 
 class EventQuerySet(OwnedQuerySet):
     owner_path = "webhook__owner"
+    # Events read for the types a webhook has seen: its newest, along the
+    # (webhook, received_at) index, whatever its history holds.
+    RECENT_TYPES_SCAN = 1000
+
+    def recent_types(self, webhook_id: int) -> list[str]:
+        """The event types among the webhook's newest events, sorted."""
+        newest = (
+            self.filter(webhook_id=webhook_id)
+            .order_by("-received_at")
+            .values_list("event_type", flat=True)[: self.RECENT_TYPES_SCAN]
+        )
+        return sorted({type_ for type_ in newest if type_})
 
     def replay(self, target=None) -> tuple[int, int]:
         """Send these events to their targets again: every finished delivery back to

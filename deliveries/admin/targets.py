@@ -2,6 +2,7 @@
 signing secret), on its own page and inline on its webhook's."""
 
 import datetime
+import json
 
 from django.conf import settings
 from django.contrib import admin, messages
@@ -19,6 +20,7 @@ from deliveries import signing, ssrf
 from deliveries.admin import health
 from deliveries.admin.base import OwnedAdmin, ask_first, posted_urls, redirect_back
 from deliveries.admin.filters import TargetWebhookFilter
+from deliveries.filters import clean_filters
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import Delivery, Event, Target
 from deliveries.targets import TARGET_TYPES
@@ -203,7 +205,7 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     ]
 
     class Media:
-        js = ["deliveries/trust.js", "deliveries/transform.js"]
+        js = ["deliveries/trust.js", "deliveries/filters.js", "deliveries/transform.js"]
 
     def has_add_permission(self, request):
         return False
@@ -230,6 +232,7 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
         if target is None or not self.has_view_permission(request, target):
             raise Http404("No such object.")
         program = request.POST.get("transform", target.transform).replace("\r\n", "\n")
+        filters = request.POST.get("filters")
         wanted = request.POST.get("event", "").strip()
         events = Event.objects.filter(webhook_id=target.webhook_id)
         try:
@@ -238,7 +241,9 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
             return JsonResponse({"error": "No such event of this target's webhook."}, status=400)
         try:
             validate_program(program)
-            return JsonResponse(preview(target, event, program))
+            if filters is not None:
+                filters = clean_filters(_json_or_invalid(filters))
+            return JsonResponse(preview(target, event, program, filters))
         except ValidationError as exc:
             return JsonResponse({"error": " ".join(exc.messages)}, status=400)
         except TransformError as exc:
@@ -399,6 +404,13 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
             hidden={"apply": "1"},
             submit=submit,
         )
+
+
+def _json_or_invalid(text: str):
+    try:
+        return json.loads(text or "[]")
+    except ValueError:
+        raise ValidationError("The filters are not valid JSON.") from None
 
 
 def rotated_message(n: int) -> str:

@@ -86,7 +86,7 @@ class WebhookAdmin(OwnerMixin, OwnedAdmin):
     owner_help_text = "Who sees and manages this webhook (empty: you)."
 
     class Media:
-        js = ["deliveries/trust.js"]
+        js = ["deliveries/trust.js", "deliveries/filters.js"]
 
     def get_fields(self, request, obj=None):
         return ["name", "description", "retention_days", "alert_url", *self.owner_fields(request)]

@@ -13,6 +13,7 @@ from rest_framework.settings import api_settings
 
 from deliveries import verification
 from deliveries.api.filters import EventSelection
+from deliveries.filters import clean_filters
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 from deliveries.transforms import validate_program
 
@@ -304,6 +305,16 @@ class PreviewRequestSerializer(serializers.Serializer):
         validators=[validate_program],
         help_text="A jq program to try in place of the saved one (empty: none).",
     )
+    filters = serializers.JSONField(
+        required=False,
+        help_text="Filter rules to try in place of the saved ones.",
+    )
+
+    def validate_filters(self, value):
+        try:
+            return clean_filters(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from None
 
 
 class PreviewSerializer(serializers.Serializer):

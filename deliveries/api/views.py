@@ -149,7 +149,12 @@ class TargetViewSet(CrudViewSet):
         if event is None:
             raise ValidationError({"event": ["No such event of this target's webhook."]})
         try:
-            answer = preview(target, event, form.validated_data.get("transform"))
+            answer = preview(
+                target,
+                event,
+                form.validated_data.get("transform"),
+                form.validated_data.get("filters"),
+            )
         except TransformError as exc:
             raise ValidationError(f"The transform failed: {exc}") from None
         return Response(s.PreviewSerializer(answer).data)

@@ -278,7 +278,9 @@ class Engine:
         except DatabaseError:
             self._database_trouble(task)
             return False
-        if state.filters and not matches(state.filters, task.headers, body):
+        if state.filters and not matches(
+            state.filters, task.headers, body, event_type=task.event_type
+        ):
             self.finish(attempts.filtered(task))
             return False
         # Filters, then the transform: before the breaker and the rate limit, so an

@@ -16,21 +16,26 @@ from deliveries.targets import TARGET_TYPES
 from deliveries.targets.base import masked_headers
 
 
-def preview(target, event, program: str | None = None) -> dict:
+def preview(target, event, program: str | None = None, filters: list | None = None) -> dict:
     """{"dropped": true, "reason"} or {"dropped": false, "body", "headers", "query"},
-    with "input" and "output" (the program's, when it has one). `program` in place
-    of the saved one; it must be valid (transforms.validate_program). Raises
+    with "input" and "output" (the program's, when it has one). `program` and
+    `filters` in place of the saved ones; they must be valid
+    (transforms.validate_program, filters.clean_filters). Raises
     transforms.TransformError."""
-    program = target.transform if program is None else program
+    unsaved = {
+        "transform": target.transform if program is None else program,
+        "filters": target.filters if filters is None else filters,
+    }
+    program = unsaved["transform"]
     state = TargetState(
-        {name: program if name == "transform" else getattr(target, name) for name in FIELDS}
+        {name: unsaved[name] if name in unsaved else getattr(target, name) for name in FIELDS}
     )
     task = _task(event, state)
     body = bytes(event.body)
     # What a program reads, also when there is none yet: to write one from.
     shown, out = transforms.run(task, body, program or "empty", show=True)
     answer = {"input": shown, "output": out if program else None}
-    if state.filters and not matches(state.filters, task.headers, body):
+    if state.filters and not matches(state.filters, task.headers, body, event_type=task.event_type):
         return {**answer, "dropped": True, "reason": FILTERS_DID_NOT_MATCH}
     sent = task
     if program:

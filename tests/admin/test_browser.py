@@ -20,7 +20,7 @@ import requests
 from django.conf import global_settings
 from django.contrib.auth.models import User
 
-from deliveries.models import Delivery, Entrypoint, Webhook
+from deliveries.models import Delivery, Entrypoint, Event, Webhook
 from tests.support.processes import start_engine, start_web, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
@@ -38,6 +38,7 @@ FLAGS = [
     "--disable-sync",
 ]
 VIEWPORTS = {"desktop": (1440, 900), "phone": (390, 844)}
+PASSWORD = "browser-pw-123!"
 
 
 # Whether the select's chosen option fits in it, uncut ("HTTP en…" did not).
@@ -79,6 +80,14 @@ class Journey:
     def go(self, path):
         self.page.goto(self.base + path)
 
+    def log_in(self):
+        """As the admin the test made, onto the dashboard."""
+        self.go("/admin/login/")
+        self.page.fill("#id_username", "admin")
+        self.page.fill("#id_password", PASSWORD)
+        self.page.click("[type=submit]")
+        self.page.wait_for_selector("#wh-dashboard")
+
     def step(self, name):
         self.page.screenshot(path=str(ARTIFACTS / f"{self.width}-{name}.png"), full_page=True)
         if self.width < 500:
@@ -91,7 +100,7 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
     width, height = VIEWPORTS[viewport]
     # The gunicorn process checks the password with the real hashers.
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
-    User.objects.create_superuser("admin", password="browser-pw-123!")
+    User.objects.create_superuser("admin", password=PASSWORD)
     # A failed attempt waits a minute for its retry: long enough that only the
     # Retry now button can bring it forward within the test.
     env = {"DELIVERY_POLL_INTERVAL": "0.2", "DELIVERY_BACKOFF_BASE": "60"}
@@ -103,11 +112,7 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
     journey = Journey(page, base, width)
     sink.respond("/flaky", 503)  # the second target fails once, then answers 200
     try:
-        journey.go("/admin/login/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "browser-pw-123!")
-        page.click("[type=submit]")
-        page.wait_for_selector("#wh-dashboard")
+        journey.log_in()
         journey.step("1-dashboard")
 
         # A webhook with two targets, through the form.
@@ -209,3 +214,74 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
         engine.stop()
         web.stop()
     assert len(sink.requests("/flaky")) == 4  # 503, then 200 for all three
+
+
+def test_a_targets_filters_as_rows_and_its_transform_tried_on_an_event(
+    browser, sink, data_dir, settings
+):
+    """On a target's page: the filters are rows, "deliver only these event types"
+    offers the types seen, and "Run on this event" shows what the program reads
+    and what the target would be sent, before anything is saved."""
+    from tests.support.engines import store
+
+    settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
+    admin = User.objects.create_superuser("admin", password=PASSWORD)
+    hook = Webhook.objects.create(name="Shaped", owner=admin)
+    hook.ensure_entrypoint()
+    target = hook.targets.create(
+        name="receiver",
+        type="http",
+        config={"url": sink.url("/in")},
+        filters=[{"source": "header", "name": "X-Env", "op": "equals", "value": "prod"}],
+    )
+    [event] = store(hook.entrypoints.get(), body=b'{"id": "evt_1", "amount": 12}')
+    Event.objects.filter(pk=event.pk).update(event_type="charge.succeeded")
+    web, base = start_web(data_dir, workers=1)
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    page.set_default_timeout(20_000)
+    journey = Journey(page, base, 1440)
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        journey.log_in()
+        journey.go(f"/admin/deliveries/target/{target.pk}/change/")
+
+        # Reveal shows the signing secret (its button was also taken for a Copy
+        # button: it copied "undefined" and came back as "Copy").
+        page.click("button.wh-reveal")
+        assert page.inner_text("button.wh-reveal") == "Hide"
+        assert page.inner_text(f"#wh-secret-{target.pk}") == target.signing_secret
+
+        rows = page.locator(".wh-filter-row")
+        assert rows.count() == 1
+        assert rows.first.locator("input").first.input_value() == "X-Env"
+        rows.first.locator("button:text('Remove')").click()
+        page.check(".wh-filter-type input[value='charge.succeeded']")
+        page.click("button:text('Deliver only these event types')")
+        assert rows.count() == 1
+
+        page.fill("#id_transform", "{body: {id: .body.id, cents: (.body.amount * 100)}}")
+        page.click("button:text('Run on this event')")
+        page.wait_for_selector(".wh-preview-output:has-text('cents')")
+        sent = page.inner_text(".wh-preview-output")
+        assert '{"id": "evt_1", "cents": 1200}' in sent
+        assert "Content-Type: application/json" in sent
+        assert '"amount": 12' in page.inner_text(".wh-preview-input")
+        journey.step("9-target-transform")
+
+        page.fill("#id_transform", "{body: .nope")  # a syntax error, shown, not saved
+        page.click("button:text('Run on this event')")
+        page.wait_for_selector(".wh-preview-status:has-text('syntax error')")
+        page.fill("#id_transform", "{body: {id: .body.id}}")
+        with page.expect_navigation():
+            page.click("[name=_continue]")
+        target.refresh_from_db()
+        assert target.transform == "{body: {id: .body.id}}"
+        assert target.filters == [
+            {"source": "event", "name": "type", "op": "one_of", "value": ["charge.succeeded"]}
+        ]
+    except Exception:
+        page.screenshot(path=str(ARTIFACTS / "target-failure.png"), full_page=True)
+        raise
+    finally:
+        page.close()
+        web.stop()

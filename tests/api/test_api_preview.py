@@ -126,3 +126,18 @@ def test_the_console_saves_a_transform_and_refuses_a_broken_one(client, alice, m
     assert response.status_code == 302
     target.refresh_from_db()
     assert target.transform == "{body: .body}"
+
+
+def test_preview_with_unsaved_filters(alice, mine):
+    target, event = mine
+    keep_none = [{"source": "json", "name": "who", "op": "equals", "value": "nobody"}]
+    answer = preview(alice, target, event=event.pk, filters=keep_none).json()
+    assert answer["dropped"] is True
+    assert answer["reason"] == "the target's filters did not match"
+    assert answer["input"]["body"] == {"who": "alice-hook"}  # still shown, to write a rule
+
+    broken = preview(alice, target, event=event.pk, filters=[{"source": "nope"}])
+    assert broken.status_code == 400
+    assert "source must be one of" in broken.json()["fields"]["filters"][0]
+    target.refresh_from_db()
+    assert target.filters == []

@@ -275,6 +275,41 @@ def test_filters_on_header_and_json_path(entrypoint, make_target, sink, headers,
     assert engine.inflight.held() == 0
 
 
+@pytest.mark.parametrize(
+    ("event_type", "delivered"), [("push", True), ("issues", False), ("", False)]
+)
+def test_a_filter_on_the_events_type(entrypoint, make_target, sink, event_type, delivered):
+    make_target(
+        url=sink.url("/t"),
+        filters=[{"source": "event", "name": "type", "op": "one_of", "value": ["push", "release"]}],
+    )
+    engine = started_engine()
+    [event] = store(entrypoint)
+    Event.objects.filter(pk=event.pk).update(event_type=event_type)
+    engine.intake_once()
+    engine.process_one()
+    delivery = Delivery.objects.get()
+    assert delivery.status == ("delivered" if delivered else "filtered")
+    assert delivery.reason == ("" if delivered else "the target's filters did not match")
+
+
+@pytest.mark.parametrize(
+    ("rule", "error"),
+    [
+        ({"source": "event", "name": "colour", "op": "exists"}, "an event rule's name is type"),
+        ({"source": "event", "name": "type", "op": "equals", "value": 3}, "event values are text"),
+        ({"source": "body", "name": "x", "op": "exists"}, "source must be one of"),
+    ],
+)
+def test_bad_event_rules_are_refused_in_words(rule, error):
+    from django.core.exceptions import ValidationError
+
+    from deliveries.filters import clean_filters
+
+    with pytest.raises(ValidationError, match=error):
+        clean_filters([rule])
+
+
 # --- retry now -----------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 "use strict";
 // Copy buttons beside inbound URLs, and per-type target fields.
 document.addEventListener("click", (event) => {
-  const button = event.target.closest(".wh-copy");
+  const button = event.target.closest(".wh-copy[data-copy]");
   if (!button) return;
   navigator.clipboard.writeText(button.dataset.copy).then(() => {
     button.textContent = "Copied";

@@ -1,6 +1,6 @@
 "use strict";
-// "Run on an event" on a target's page: posts the Transform box as typed (saved or
-// not) and an event to the target's preview view, and shows what the program read
+// "Run on an event" on a target's page: posts the Transform box and the filters as
+// edited (saved or not) and an event to the target's preview view, and shows what the program read
 // and what the target would be sent. Nothing is sent to the target.
 function csrfToken(form) {
   const field = form.querySelector("input[name=csrfmiddlewaretoken]");
@@ -22,6 +22,9 @@ async function runPreview(panel) {
     event: code || panel.querySelector(".wh-preview-event").value,
     transform: program ? program.value : "",
   });
+  // The filters as edited too: a dropped event says which ran first.
+  const filters = form.querySelector("textarea[name=filters]");
+  if (filters) body.set("filters", filters.value);
   const status = panel.querySelector(".wh-preview-status");
   const input = panel.querySelector(".wh-preview-input");
   const output = panel.querySelector(".wh-preview-output");
