@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 # test and benchmark tools come with `make test` and `make bench`.
 INSTALLED := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-admin chaos clean
+.PHONY: run test lint bench bench-admin chaos clean lock
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -68,3 +68,12 @@ chaos: $(INSTALLED)-test
 
 clean:
 	rm -rf $(VENV) .pytest-data
+
+# The Docker image's dependencies, every file with its hashes, from pyproject.toml's
+# pins (pip-tools' pip-compile, in a venv of its own). Run after changing a pin;
+# tests/unit/test_deployment.py says when it is out of date.
+lock:
+	$(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install -q pip-tools==7.7.0
+	.venv-lock/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --all-build-deps \
+	  --output-file requirements.lock pyproject.toml
