@@ -79,6 +79,26 @@ class FiltersField(forms.JSONField):
         return json.dumps(value or [], indent=2, ensure_ascii=False)
 
 
+class RetryScheduleField(forms.CharField):
+    """A retry schedule typed as delays in seconds, "5, 60, 600"; the model checks
+    the numbers (backoff.clean_schedule)."""
+
+    def prepare_value(self, value):
+        if isinstance(value, list):
+            return ", ".join(f"{delay:g}" for delay in value)
+        return value
+
+    def to_python(self, value):
+        delays = []
+        for n, part in enumerate((value or "").replace(",", " ").split(), 1):
+            try:
+                number = float(part)
+            except ValueError:
+                raise ValidationError(f"Retry {n}: {part!r} is not a number of seconds.") from None
+            delays.append(int(number) if number.is_integer() else number)
+        return delays
+
+
 class TargetForm(forms.ModelForm, _ConfigFields):
     type_fields = {type_: tuple(fields) for type_, fields in CONFIG_FIELDS.items() if fields}
     # Who edits (for_user): named in the reason when they pause without giving one.
@@ -96,6 +116,13 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         '"value": "push"}].)',
     )
 
+    retry_schedule = RetryScheduleField(
+        required=False,
+        label="Retry schedule",
+        help_text="Seconds before each retry, e.g. 5, 60, 600, 3600 (empty: exponential "
+        "backoff up to Max retries). When set, its length is the number of retries.",
+    )
+
     class Meta:
         model = Target
         fields = [
@@ -103,6 +130,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             "type",
             "active",
             "max_retries",
+            "retry_schedule",
             "max_queue_size",
             "paused",
             "paused_reason",

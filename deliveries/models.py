@@ -11,6 +11,7 @@ from django.db import connections, models, transaction
 from django.utils import timezone
 
 from deliveries import targets, verification, wake
+from deliveries.engine.backoff import clean_schedule
 from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
 from deliveries.targets.base import require_url
@@ -255,6 +256,12 @@ class Target(models.Model):
         default=5,
         help_text="0 = fire-and-forget: one attempt, no circuit breaker.",
     )
+    retry_schedule = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Delays in seconds before each retry, e.g. [5, 60, 600, 3600]: when set, "
+        "it replaces the exponential backoff and its length is the number of retries.",
+    )
     max_queue_size = models.PositiveIntegerField(
         default=10_000,
         validators=[MinValueValidator(1)],
@@ -345,6 +352,11 @@ class Target(models.Model):
                 self.filters = clean_filters(self.filters)
             except ValidationError as exc:
                 errors["filters"] = exc.error_list
+        if "retry_schedule" not in (exclude or ()) and "retry_schedule" not in errors:
+            try:
+                self.retry_schedule = clean_schedule(self.retry_schedule)
+            except ValidationError as exc:
+                errors["retry_schedule"] = exc.error_list
         if errors:
             raise ValidationError(errors)
 

@@ -83,7 +83,16 @@ TARGET_FIELDSETS = [
         "Signing (Standard Webhooks)",
         {"fields": ["signing", "signing_secret_view"], "classes": ["wh-type-http"]},
     ),
-    ("Delivery", {"fields": [("max_retries", "max_queue_size"), ("ordered", "rate_limit")]}),
+    (
+        "Delivery",
+        {
+            "fields": [
+                ("max_retries", "max_queue_size"),
+                "retry_schedule",
+                ("ordered", "rate_limit"),
+            ]
+        },
+    ),
     ("Pause", {"fields": [("paused", "paused_reason")]}),
     ("Filters", {"fields": ["filters"]}),
     ("Transform (jq)", {"fields": ["transform"]}),

@@ -179,6 +179,7 @@ class TargetSerializer(ModelCleaned):
             "active",
             "config",
             "max_retries",
+            "retry_schedule",
             "max_queue_size",
             "ordered",
             "rate_limit",

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from deliveries.engine.backoff import retry_delay
+from deliveries.engine.backoff import retry_delay, scheduled_delay
 from deliveries.engine.task import Task
 from deliveries.models import Delivery
 from deliveries.targets import TARGET_TYPES, Outcome
@@ -109,8 +109,14 @@ def decide(task: Task, outcome: Outcome, *, retries: bool, base: float, cap: flo
     if outcome.success:
         return Delivery.Status.DELIVERED, None
     attempt = task.attempts + 1
-    if not retries or outcome.permanent or attempt > task.target.max_retries:
+    schedule = task.target.retry_schedule
+    limit = len(schedule) if schedule else task.target.max_retries
+    if not retries or outcome.permanent or attempt > limit:
         return Delivery.Status.FAILED, None
+    if schedule:
+        return Delivery.Status.RETRYING, scheduled_delay(
+            schedule, attempt, outcome.retry_after, cap=cap
+        )
     return Delivery.Status.RETRYING, retry_delay(attempt, outcome.retry_after, base=base, cap=cap)
 
 

@@ -23,6 +23,7 @@ FIELDS = (
     "type",
     "config",
     "max_retries",
+    "retry_schedule",
     "active",
     "paused",
     "ordered",
@@ -63,7 +64,7 @@ class TargetState:
     def retries(self) -> bool:
         """Whether max_retries, backoff and the circuit breaker apply."""
         kind = TARGET_TYPES.get(self.type)
-        return kind is not None and kind.retries and self.max_retries > 0
+        return kind is not None and kind.retries and (self.max_retries > 0 or self.retry_schedule)
 
 
 class TargetCache:

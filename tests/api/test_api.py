@@ -246,6 +246,8 @@ def test_target_config_errors_are_the_admin_forms_errors(alice, mine):
         ({"filters": [{"source": "header", "name": "X", "op": "sounds_like"}]}, "filters"),
         ({"rate_limit": -1}, "rate_limit"),
         ({"max_queue_size": 0}, "max_queue_size"),
+        ({"retry_schedule": [5, -1]}, "retry_schedule"),
+        ({"transform": "{body: ."}, "transform"),
     ],
 )
 def test_invalid_targets_answer_400_per_field(change, field, alice, mine):
@@ -253,6 +255,14 @@ def test_invalid_targets_answer_400_per_field(change, field, alice, mine):
     response = client_of(alice).patch(f"/api/v1/targets/{mine['target']}/", change, format="json")
     assert list(assert_error(response, 400)["fields"]) == [field]
     assert snapshot(alice) == before
+
+
+def test_a_target_takes_a_retry_schedule(alice, mine):
+    url = f"/api/v1/targets/{mine['target']}/"
+    response = client_of(alice).patch(url, {"retry_schedule": [5, 60, 600]}, format="json")
+    assert response.status_code == 200
+    assert response.json()["retry_schedule"] == [5, 60, 600]
+    assert Target.objects.get(pk=mine["target"]).retry_schedule == [5, 60, 600]
 
 
 def test_a_target_config_is_stored_normalised(alice, mine):

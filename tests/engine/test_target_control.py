@@ -310,6 +310,72 @@ def test_bad_event_rules_are_refused_in_words(rule, error):
         clean_filters([rule])
 
 
+# --- retry schedules -----------------------------------------------------------------------
+
+
+def test_a_retry_schedule_sets_each_delay_and_the_number_of_retries(entrypoint, make_target, sink):
+    make_target(url=sink.url("/s"), max_retries=10, retry_schedule=[7, 30])
+    sink.always("/s", 500)
+    clock = FakeClock()
+    engine = started_engine(clock=clock, backoff_base=1, backoff_cap=3600)
+    store(entrypoint)
+    engine.intake_once()
+    engine.process_one()
+    waits = []
+    while Delivery.objects.get().status == "retrying":
+        ((due, _),) = engine.scheduler.scheduled()
+        waits.append(due - clock.now)
+        clock.now = due
+        engine.scheduler.release_due()
+        engine.process_one()
+    assert waits == [7, 30]  # as scheduled, no jitter, then no third retry
+    delivery = Delivery.objects.get()
+    assert (delivery.status, delivery.attempts) == ("failed", 3)
+    assert len(sink.requests("/s")) == 3
+
+
+def test_retry_after_longer_than_the_schedule_wins():
+    from deliveries.engine.backoff import scheduled_delay
+
+    assert scheduled_delay([5, 60], 1, None, cap=3600) == 5
+    assert scheduled_delay([5, 60], 1, 120, cap=3600) == 120
+    assert scheduled_delay([5, 60], 2, 10, cap=3600) == 60
+    assert scheduled_delay([5], 1, 99_999, cap=3600) == 3600
+
+
+@pytest.mark.parametrize(
+    ("schedule", "error"),
+    [
+        ("5, 60", "a list of delays"),
+        ([5, "60"], "Retry 2"),
+        ([0], "above 0"),
+        ([True], "Retry 1"),
+        ([10**7], "a week"),
+        ([1] * 51, "At most 50"),
+    ],
+)
+def test_a_bad_retry_schedule_is_a_field_error(make_target, schedule, error):
+    from django.core.exceptions import ValidationError
+
+    target = make_target(url="http://example.com/x")
+    target.retry_schedule = schedule
+    with pytest.raises(ValidationError) as caught:
+        target.full_clean()
+    assert error in caught.value.message_dict["retry_schedule"][0]
+
+
+def test_the_form_reads_a_retry_schedule_as_typed():
+    from deliveries.forms import RetryScheduleField
+
+    field = RetryScheduleField(required=False)
+    assert field.clean("5, 60  600,3600") == [5, 60, 600, 3600]
+    assert field.clean("0.5") == [0.5]
+    assert field.clean("") == []
+    assert field.prepare_value([5, 60, 0.5]) == "5, 60, 0.5"
+    with pytest.raises(Exception, match="not a number"):
+        field.clean("5, soon")
+
+
 # --- retry now -----------------------------------------------------------------------------
 
 
