@@ -8,6 +8,7 @@ and turns them into one filter() on a queryset that visible_to() already scoped.
 from django.core.management.base import CommandError
 from rest_framework import serializers
 
+from deliveries.api.strict import RefusesUnknown
 from deliveries.models import Delivery
 
 # The largest id a database integer column holds: a bigger number is a 400 here,
@@ -21,7 +22,7 @@ def id_field(help_text: str) -> serializers.IntegerField:
     )
 
 
-class QueryFilter(serializers.Serializer):
+class QueryFilter(RefusesUnknown, serializers.Serializer):
     # Each parameter's ORM lookup.
     lookups: dict[str, str] = {}
 

@@ -13,6 +13,7 @@ from rest_framework.settings import api_settings
 
 from deliveries import verification
 from deliveries.api.filters import EventSelection
+from deliveries.api.strict import RefusesUnknown
 from deliveries.filters import clean_filters
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 from deliveries.transforms import validate_program
@@ -25,7 +26,7 @@ class OwnedRelatedField(serializers.PrimaryKeyRelatedField):
         return self.queryset.model.objects.visible_to(self.context["request"].user)
 
 
-class ModelCleaned(serializers.ModelSerializer):
+class ModelCleaned(RefusesUnknown, serializers.ModelSerializer):
     """Runs the model's full_clean() on the row as it would be saved."""
 
     # Fields validated elsewhere: relations by their field, the owner set by the view.
@@ -297,7 +298,7 @@ class ReplayRequest(EventSelection):
         return attrs
 
 
-class PreviewRequestSerializer(serializers.Serializer):
+class PreviewRequestSerializer(RefusesUnknown, serializers.Serializer):
     event = serializers.IntegerField(help_text="A stored event of the target's webhook.")
     transform = serializers.CharField(
         required=False,
@@ -332,7 +333,7 @@ class PreviewSerializer(serializers.Serializer):
     output = serializers.JSONField(help_text="What the transform yielded (null: none, or dropped).")
 
 
-class PauseSerializer(serializers.Serializer):
+class PauseSerializer(RefusesUnknown, serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, default="paused through the API")
 
 

@@ -18,6 +18,7 @@ from deliveries.api.filters import (
     DeliveryFilter,
     DeliverySelection,
     EventFilter,
+    QueryFilter,
     WebhookChildFilter,
 )
 from deliveries.models import Delivery, Entrypoint, Event, Target, Webhook
@@ -43,8 +44,11 @@ class OwnedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         queryset = self.model.objects.visible_to(self.request.user)
-        if self.action == "list" and self.list_filter is not None:
-            queryset = self.list_filter(data=self.request.query_params).apply(queryset)
+        if self.action == "list":
+            # Every list checks its parameters: one it does not know is a 400.
+            params = self.list_filter or QueryFilter
+            known = {"also_known": (self.paginator.cursor_query_param, "limit")}
+            queryset = params(data=self.request.query_params, context=known).apply(queryset)
         return queryset
 
     def selected(self, queryset, selection) -> QuerySet:
