@@ -14,8 +14,14 @@ from deliveries import targets, verification, wake
 from deliveries.engine.backoff import clean_schedule
 from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
-from deliveries.targets.base import require_url
+from deliveries.targets.base import FAILURES, require_url
 from deliveries.transforms import validate_program
+
+# "Receiver: timed out", "webhooker: transform failed", ...
+FAILURE_CHOICES = [
+    (name, f"{'Receiver' if whose == 'receiver' else 'webhooker'}: {words}")
+    for name, whose, words in FAILURES
+]
 
 
 class OwnedQuerySet(models.QuerySet):
@@ -578,6 +584,10 @@ class Delivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     # Why it ended with no attempt (filtered): the filters, or the transform.
     reason = models.CharField(max_length=200, blank=True, default="", db_default="")
+    # Whose fault its final failure was (status failed): targets.base.FAILURES.
+    failure = models.CharField(
+        max_length=16, blank=True, default="", db_default="", choices=FAILURE_CHOICES
+    )
     created_at = models.DateTimeField(default=timezone.now)
     # The "touched" clock of the recovery tick. QuerySet.update() skips auto_now,
     # so every update() sets it explicitly; default=now rather than auto_now keeps
@@ -663,6 +673,10 @@ class DeliveryResult(models.Model):
     response_headers = models.TextField(blank=True, default="")
     response_body = models.TextField(blank=True)
     error = models.TextField(blank=True)
+    # A failed attempt's class, whose fault it was (targets.base.FAILURES).
+    failure = models.CharField(
+        max_length=16, blank=True, default="", db_default="", choices=FAILURE_CHOICES
+    )
     duration_ms = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -17,8 +17,21 @@ from django.utils import timezone
 from deliveries import alerts as alerting
 from deliveries.admin import health
 from deliveries.models import Alert, Delivery, DeliveryResult, EngineStatus, Target
+from deliveries.targets.base import FAULTS, failures_of
 
 HOURS = 24
+
+
+def failed_by_fault(deliveries, since) -> dict:
+    """The day's failed deliveries, the receiver's fault and ours, counted apart: the
+    failed rows of the day's index range only, each read for its class."""
+    found = dict(
+        deliveries.filter(updated_at__gte=since, status=Delivery.Status.FAILED)
+        .values_list("failure")
+        .annotate(n=Count("*"))
+        .order_by()
+    )
+    return {fault: sum(found.get(name, 0) for name in failures_of(fault)) for fault in FAULTS}
 
 
 def status_counts(deliveries, since):
@@ -257,6 +270,7 @@ def context(user, now=None):
         # Every partition held by a live engine: everything is being delivered.
         "engine_alive": coverage.complete,
         "status_counts": status_counts(deliveries, since),
+        "failed_by_fault": failed_by_fault(deliveries, since),
         "chart": hourly(deliveries, now),
         "failing_targets": failing_targets(deliveries, targets, since, breakers),
         "slowest_targets": slowest_targets(targets, since),

@@ -26,6 +26,7 @@ from deliveries.admin.base import (
 from deliveries.admin.filters import (
     CappedChoicesDropdownFilter,
     DeliveryWebhookFilter,
+    FaultFilter,
     TargetFilter,
 )
 from deliveries.models import Delivery, DeliveryResult, Event
@@ -77,6 +78,8 @@ class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
     list_select_related = ["target__webhook"]
     list_filter = [
         ("status", CappedChoicesDropdownFilter),
+        FaultFilter,
+        ("failure", CappedChoicesDropdownFilter),
         ("target__type", CappedChoicesDropdownFilter),
         DeliveryWebhookFilter,
         TargetFilter,

@@ -9,6 +9,7 @@ from unfold.contrib.filters.admin import ChoicesDropdownFilter, DropdownFilter
 from deliveries.admin.base import AtLeast, CappedCountPaginator, capped_count, parse_id
 from deliveries.admin.health import GRADES
 from deliveries.models import Delivery, Entrypoint, Target, Webhook
+from deliveries.targets.base import FAULTS, failures_of
 
 
 class CappedFacets:
@@ -97,6 +98,24 @@ class EntrypointFilter(CappedFacets, DropdownFilter):
         if self.value():
             pk = parse_id(self.value())
             return queryset.filter(entrypoint=pk) if pk else queryset.none()
+        return queryset
+
+
+class FaultFilter(CappedFacets, DropdownFilter):
+    """Failed deliveries by whose fault their failure was: the receiver's or ours
+    (targets.base.FAILURES)."""
+
+    title = "whose fault"
+    parameter_name = "fault"
+
+    def lookups(self, request, model_admin):
+        return [(fault, words.capitalize()) for fault, words in FAULTS.items()]
+
+    def queryset(self, request, queryset):
+        if self.value() in FAULTS:
+            return queryset.filter(
+                status=Delivery.Status.FAILED, failure__in=failures_of(self.value())
+            )
         return queryset
 
 

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from deliveries.api.strict import RefusesUnknown
 from deliveries.models import Delivery
+from deliveries.targets.base import FAULTS, failures_of
 
 # The largest id a database integer column holds: a bigger number is a 400 here,
 # rather than an overflow in the database driver.
@@ -81,10 +82,26 @@ class DeliveryFilter(QueryFilter):
         "event_code": "event__code",
         "since": "updated_at__gte",
         "until": "updated_at__lt",
+        "failure": "failure",
+        "fault": "failure__in",
     }
     status = serializers.ChoiceField(
         choices=Delivery.Status.choices, required=False, help_text="Only deliveries in this status."
     )
+    failure = serializers.ChoiceField(
+        choices=Delivery._meta.get_field("failure").choices,
+        required=False,
+        help_text="Only failed deliveries whose final failure was of this class.",
+    )
+    fault = serializers.ChoiceField(
+        choices=list(FAULTS.items()),
+        required=False,
+        help_text="Only failed deliveries that failed by the receiver's fault or by ours.",
+    )
+
+    def validate_fault(self, value):
+        return failures_of(value)
+
     target = id_field("Only deliveries to this target.")
     webhook = id_field("Only deliveries of this webhook's events.")
     event = id_field("Only deliveries of this event.")

@@ -254,6 +254,8 @@ class DeliverySerializer(serializers.ModelSerializer):
             "webhook",
             "attempts",
             "next_attempt_at",
+            "failure",
+            "reason",
             "created_at",
             "updated_at",
         ]
@@ -268,6 +270,7 @@ class AttemptSerializer(serializers.ModelSerializer):
             "status_code",
             "duration_ms",
             "error",
+            "failure",
             "response_body",
             "created_at",
         ]

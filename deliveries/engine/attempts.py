@@ -42,6 +42,13 @@ class AttemptResult:
         return self.task.attempts + 1
 
     @property
+    def failure(self) -> str:
+        """The class of the failure that ended the delivery (FAILURES), else ""."""
+        if self.status != Delivery.Status.FAILED or self.outcome is None:
+            return ""
+        return self.outcome.failure or "internal"
+
+    @property
     def attempts(self) -> int:
         """The delivery's attempt count once this result is written."""
         return self.task.attempts + (self.outcome is not None)
@@ -86,7 +93,9 @@ def filtered(task: Task, reason: str = FILTERS_DID_NOT_MATCH) -> AttemptResult:
 def transform_failed(task: Task, error: str, start: float) -> AttemptResult:
     """The target's transform failed on this event: the delivery fails at once (the
     same input gives the same error), its attempt saying why."""
-    outcome = Outcome(success=False, error=f"transform failed: {error}", permanent=True)
+    outcome = Outcome(
+        success=False, error=f"transform failed: {error}", permanent=True, failure="transform"
+    )
     return conclude(task, outcome, start, base=0, cap=0)
 
 
@@ -95,13 +104,16 @@ def call_target(task: Task, body: bytes) -> Outcome:
     kind = TARGET_TYPES.get(task.target.type)
     if kind is None:
         return Outcome(
-            success=False, error=f"unknown target type {task.target.type!r}", permanent=True
+            success=False,
+            error=f"unknown target type {task.target.type!r}",
+            permanent=True,
+            failure="config",
         )
     try:
         return kind.deliver(task, body)
     except Exception as exc:  # a bug or a broken config must not kill the worker
         logger.exception("target %s raised on delivery %s", task.target_id, task.delivery_id)
-        return Outcome(success=False, error=f"{type(exc).__name__}: {exc}")
+        return Outcome(success=False, error=f"{type(exc).__name__}: {exc}", failure="internal")
 
 
 def decide(task: Task, outcome: Outcome, *, retries: bool, base: float, cap: float):

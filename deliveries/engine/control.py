@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from deliveries.alerts import raise_alert
 from deliveries.models import Alert, Delivery, Target
+from deliveries.targets.base import whose_fault
 
 logger = logging.getLogger("deliveries.engine")
 
@@ -33,6 +34,8 @@ class TargetControl:
         # target id -> clock time of its last breaker alert: one check a heartbeat
         # must not ask the database each time (raise_alert keeps the hourly limit).
         self._breaker_alerted: dict[int, float] = {}
+        # target id -> the class of its last failed attempt (targets.base.FAILURES).
+        self._last_failure: dict[int, str] = {}
 
     def after(self, result) -> bool:
         """Take note of a committed result; True if it paused the target."""
@@ -44,6 +47,7 @@ class TargetControl:
             if state.failing_since is not None:
                 self._set_failing_since(state.id, None)
             return False
+        self._last_failure[state.id] = outcome.failure
         now = timezone.now()
         since = state.failing_since
         if since is None:
@@ -63,7 +67,8 @@ class TargetControl:
         if not Target.objects.filter(id=target_id, paused=False).pause(reason):
             return False  # paused meanwhile, by someone else
         logger.warning("target %s paused: %s", target_id, reason)
-        self._alerts.put((target_id, Alert.Kind.PAUSED, f"Target paused: {reason}."))
+        message = f"Target paused: {reason}. {self._last_words(target_id)}"
+        self._alerts.put((target_id, Alert.Kind.PAUSED, message))
         return True
 
     def breakers_open(self, breakers, clock_now: float) -> None:
@@ -79,7 +84,8 @@ class TargetControl:
             minutes = round((clock_now - since) / 60)
             message = (
                 f"Deliveries to this target have failed for {minutes} min; its circuit "
-                "breaker is open and only a probe is sent each cooldown."
+                "breaker is open and only a probe is sent each cooldown. "
+                + self._last_words(target_id)
             )
             self._alerts.put((target_id, Alert.Kind.BREAKER, message))
 
@@ -93,6 +99,13 @@ class TargetControl:
                 return sent
             if raise_alert(target_id, kind, message) is not None:
                 sent += 1
+
+    def _last_words(self, target_id: int) -> str:
+        """Whose fault the target's last failed attempt was, as a sentence."""
+        failure = self._last_failure.get(target_id)
+        if not failure:
+            return ""
+        return f"The last attempt failed ({whose_fault(failure)})."
 
     def _set_failing_since(self, target_id: int, since) -> None:
         # update(), not save(): updated_at is the target's version and must not

@@ -172,7 +172,15 @@ class ResultWriter:
 
 # The columns of a delivery's status written for each attempt. Only these:
 # columns other processes may change (the admin) are left alone.
-STATUS_COLUMNS = ("status", "attempts", "next_attempt_at", "reason", "updated_at", "id")
+STATUS_COLUMNS = (
+    "status",
+    "attempts",
+    "next_attempt_at",
+    "reason",
+    "failure",
+    "updated_at",
+    "id",
+)
 
 
 def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
@@ -192,6 +200,7 @@ def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
             result.attempts,
             now + datetime.timedelta(seconds=result.delay) if result.delay is not None else None,
             result.reason,
+            result.failure,
             now,
             result.task.delivery_id,
         )
@@ -209,6 +218,7 @@ def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
             "request_headers": [list(line) for line in outcome.request_headers],
             "response_headers": _storable(outcome.response_headers),
             "error": _storable(outcome.error[:2000]),
+            "failure": outcome.failure,
             "duration_ms": result.duration_ms,
             "created_at": now,
         }
@@ -320,8 +330,8 @@ def _update_statuses(rows: list[tuple]) -> set[int]:
     table = connection.ops.quote_name(Delivery._meta.db_table)
     adapt = connection.ops.adapt_datetimefield_value
     rows = [
-        (status, attempts, adapt(due), reason, adapt(at), id_)
-        for status, attempts, due, reason, at, id_ in rows
+        (status, attempts, adapt(due), reason, failure, adapt(at), id_)
+        for status, attempts, due, reason, failure, at, id_ in rows
     ]
     with connection.cursor() as cursor:
         ids = [row[-1] for row in rows]

@@ -33,6 +33,38 @@ CREDENTIAL_HEADERS = frozenset(
 )
 
 
+# Whose fault a failed attempt was, and of what kind: (class, fault, words). The
+# receiver's are what it answered or failed to; ours are webhooker's side (an address
+# the guard refused, a transform, a configuration, a bug). DeliveryResult.failure and
+# Delivery.failure hold the class.
+FAILURES = (
+    ("status", "receiver", "answered an error status"),
+    ("timeout", "receiver", "timed out"),
+    ("connection", "receiver", "connection failed"),
+    ("dns", "receiver", "DNS name not found"),
+    ("tls", "receiver", "TLS failed"),
+    ("answer", "receiver", "answer not valid HTTP"),
+    ("blocked", "ours", "address blocked by the guard"),
+    ("transform", "ours", "transform failed"),
+    ("config", "ours", "configuration error"),
+    ("internal", "ours", "internal error"),
+)
+FAULTS = {"receiver": "the receiver's", "ours": "webhooker's"}
+
+
+def whose_fault(failure: str) -> str:
+    """A failure class in words, whose fault first: "the receiver's fault: timed out"."""
+    for name, whose, words in FAILURES:
+        if name == failure:
+            return f"{FAULTS[whose]} fault: {words}"
+    return "cause unknown"
+
+
+def failures_of(fault: str) -> list[str]:
+    """The failure classes that are `fault`'s ("receiver" or "ours")."""
+    return [name for name, whose, _ in FAILURES if whose == fault]
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     """What one attempt came to.
@@ -55,6 +87,8 @@ class Outcome:
     response_headers: str = ""
     # Nothing was sent after all (transport.HELD_BACK): no attempt to count.
     held_back: bool = False
+    # A failed attempt's class (FAILURES), "" for a success.
+    failure: str = ""
 
 
 class TargetType:

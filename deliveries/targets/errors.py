@@ -75,6 +75,25 @@ def summary(exc: BaseException, timeout: float) -> str:
     return f"{type(exc).__name__}"
 
 
+def failure_class(exc: BaseException) -> str:
+    """The class (base.FAILURES) of an attempt that failed with `exc`: by the same
+    reading as summary()."""
+    said = summary(exc, 0)
+    if said.startswith("TLS"):
+        return "tls"
+    if said.startswith("DNS"):
+        return "dns"
+    if said.startswith(("could not connect", "timed out")):
+        return "timeout"
+    if said.startswith("the receiver's answer"):
+        return "answer"
+    if isinstance(exc, aiohttp.ClientError | OSError) or said.startswith(
+        ("connection", "the receiver")
+    ):
+        return "connection"
+    return "internal"
+
+
 def connect_timed_out(exc: BaseException) -> bool:
     """Whether `exc` is a connect that took too long."""
     return isinstance(exc, aiohttp.ConnectionTimeoutError)

@@ -44,7 +44,7 @@ from deliveries.targets.base import (
     Outcome,
     TargetType,
 )
-from deliveries.targets.errors import connect_timed_out, describe
+from deliveries.targets.errors import connect_timed_out, describe, failure_class
 from deliveries.targets.guard import GuardedResolver, blocked_reason, refused_literal
 
 USER_AGENT = "webhooker/0.1"
@@ -189,7 +189,9 @@ def request(
         headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
         timeout=timeout,
         tls=tls_context() if where.scheme == "https" else None,
-        refused=Outcome(success=False, error=f"blocked: {refused}", permanent=True)
+        refused=Outcome(
+            success=False, error=f"blocked: {refused}", permanent=True, failure="blocked"
+        )
         if refused
         else None,
     )
@@ -249,14 +251,16 @@ async def _excerpt(response) -> bytes:
 def _failed(exc: BaseException, timeout: float) -> Outcome:
     reason = blocked_reason(exc)
     if reason:
-        return Outcome(success=False, error=f"blocked: {reason}", permanent=True)
+        return Outcome(success=False, error=f"blocked: {reason}", permanent=True, failure="blocked")
     if isinstance(exc, aiohttp.InvalidURL):
         # A host the client will never send to (say "1.2.3.4." with its dot): no
         # retry can help.
-        return Outcome(success=False, error=describe(exc, timeout), permanent=True)
+        return Outcome(
+            success=False, error=describe(exc, timeout), permanent=True, failure="config"
+        )
     if isinstance(exc, TimeoutError) and not connect_timed_out(exc):
-        return Outcome(success=False, error=f"timed out after {timeout:g} s")
-    return Outcome(success=False, error=describe(exc, timeout))
+        return Outcome(success=False, error=f"timed out after {timeout:g} s", failure="timeout")
+    return Outcome(success=False, error=describe(exc, timeout), failure=failure_class(exc))
 
 
 def _answered(response, excerpt: bytes) -> Outcome:
@@ -289,6 +293,7 @@ def _answered(response, excerpt: bytes) -> Outcome:
         error=error,
         retry_after=retry_after,
         permanent=code == 410,
+        failure="status",
     )
 
 
@@ -356,7 +361,9 @@ class Client:
         try:
             outcome = task.result()
         except BaseException as exc:  # a bug in send(), or the loop closing
-            outcome = Outcome(success=False, error=f"{type(exc).__name__}: {exc}")
+            outcome = Outcome(
+                success=False, error=f"{type(exc).__name__}: {exc}", failure="internal"
+            )
         done(outcome)
 
     def session(self) -> aiohttp.ClientSession:

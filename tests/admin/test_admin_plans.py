@@ -141,7 +141,7 @@ def test_dashboard_reads_the_days_range_of_one_index(history, superuser):
         for q in captured.captured_queries
         if "deliveries_delivery" in q["sql"] and '"updated_at" >=' in q["sql"]
     ]
-    assert len(day) >= 3  # counts by status, by hour, failed by target
+    assert len(day) >= 4  # counts by status, by hour, failed by target, failed by fault
     for sql in day:
         # delivery_updated_status_idx's range, or delivery_target_status_idx's per target.
         text = plan(sql)
@@ -150,6 +150,10 @@ def test_dashboard_reads_the_days_range_of_one_index(history, superuser):
             # Which delivery index PostgreSQL picks for a test's few rows varies
             # (status, updated_at, target); that it reads one, never the table, does not.
             assert re.search(r"Index (Only )?Scan (using|on) delivery_", text), text
+        elif '"failure"' in sql:
+            # Failed by fault: a range of the day's failed deliveries in an index
+            # (by day, or per target), and the row of each for its class.
+            uses("SEARCH deliveries_delivery USING INDEX delivery_", text)
         else:
             uses("SEARCH deliveries_delivery USING COVERING INDEX", text)
 

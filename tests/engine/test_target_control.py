@@ -410,6 +410,8 @@ def test_410_pauses_the_target_and_raises_an_alert(entrypoint, make_target, sink
     engine.alert_once()
     [alert] = Alert.objects.filter(target=target)
     assert alert.kind == "paused" and "410" in alert.message
+    # Whose fault, in the alert's own words.
+    assert "(the receiver's fault: answered an error status)" in alert.message
 
 
 def test_a_target_failing_for_disable_after_is_paused(entrypoint, make_target, sink):
