@@ -956,3 +956,29 @@ class ApiKey(models.Model):
         if self.expires_at is not None and self.expires_at <= now:
             return "expired"
         return "active"
+
+
+class IdempotentRequest(models.Model):
+    """An API POST sent with an `Idempotency-Key`, and what it answered: the same key
+    and request again within KEPT answer the same, with no second effect; the same
+    key with another request is refused (deliveries/api/idempotency.py)."""
+
+    KEPT = datetime.timedelta(hours=24)
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, models.CASCADE, related_name="+")
+    key = models.CharField(max_length=255)
+    # SHA-256 of the method, the path and the body: what "the same request" means.
+    fingerprint = models.CharField(max_length=64)
+    # None while the first request is still being answered.
+    status_code = models.PositiveSmallIntegerField(null=True)
+    response = models.BinaryField(default=b"")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "key"], name="idempotent_request_uniq"),
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotent_created_idx")]
+
+    def __str__(self):
+        return self.key

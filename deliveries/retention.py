@@ -32,7 +32,7 @@ from collections import Counter
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from deliveries.models import Delivery, DeliveryResult, Event, Webhook
+from deliveries.models import Delivery, DeliveryResult, Event, IdempotentRequest, Webhook
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +144,10 @@ def prune_events(
                 pacer.record(len(batch_ids), held)
                 if stop.wait(held * YIELD):
                     return removed
+    # API keys' Idempotency-Key records past their day (deliveries/api/idempotency.py).
+    removed["idempotency keys"] = IdempotentRequest.objects.filter(
+        created_at__lt=now - IdempotentRequest.KEPT
+    ).delete()[0]
     if removed["events"]:
         give_back_space(stop)
     return removed

@@ -1,6 +1,17 @@
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter
 
 from deliveries.api.errors import ErrorSerializer
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Send a POST again with the same key (and the same body) within 24 h to "
+    "get its first answer again, with no second effect; the same key with another "
+    "request answers 422 (deliveries/api/idempotency.py).",
+)
 
 
 class ApiSchema(AutoSchema):
@@ -12,6 +23,8 @@ class ApiSchema(AutoSchema):
         list_filter = getattr(self.view, "list_filter", None)
         if list_filter is not None and self._is_list_view():
             parameters = [*parameters, list_filter]
+        if self.method == "POST":
+            parameters = [*parameters, IDEMPOTENCY_KEY]
         return parameters
 
     def _get_response_bodies(self, direction="response"):
@@ -32,4 +45,6 @@ class ApiSchema(AutoSchema):
             codes += ["401", "429"]
         if "{" in self.path or listing:
             codes.append("404")  # not yours or not there; for lists, a stale cursor
+        if self.method == "POST":
+            codes += ["409", "422"]  # Idempotency-Key: still being answered; reused
         return codes

@@ -12,6 +12,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
+from deliveries.api import idempotency
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
 from deliveries.api.filters import (
@@ -32,6 +33,27 @@ ID_PATTERN = r"[0-9]{1,18}"
 class OwnedViewSet(viewsets.GenericViewSet):
     model: type
     lookup_value_regex = ID_PATTERN
+    _idempotent = None
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)  # authenticated, allowed, throttled
+        self._idempotent = idempotency.begin(request)
+
+    def handle_exception(self, exc):
+        if isinstance(exc, idempotency.Replayed):
+            return idempotency.replay(exc.record)
+        try:
+            return super().handle_exception(exc)
+        except Exception:
+            idempotency.abandon(self._idempotent)
+            raise
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        if self._idempotent is not None:
+            idempotency.complete(self._idempotent, response)
+        return response
+
     # The list's query parameters, validated and documented (a QueryFilter), or None.
     list_filter = None
     # What one row reads as, when it shows more than the list does.
