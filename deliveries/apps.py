@@ -11,6 +11,9 @@ class DeliveriesConfig(AppConfig):
     verbose_name = "Webhooks"
 
     def ready(self):
+        from deliveries.logs import stamp_request_ids
+
+        stamp_request_ids()
         # Every process writes below these (SQLite file, engine lock and socket,
         # metrics files), and a fresh clone must run with nothing set: created at
         # start rather than when settings are imported, which has no such effects.

@@ -1,11 +1,45 @@
-"""Who the client is, and what a throttled login sees."""
+"""Who the client is, which request this is, and what a throttled login sees."""
 
 import contextlib
 import functools
 import ipaddress
+import re
+import uuid
 
 from django.conf import settings
+from django.core.signals import request_finished
+from django.dispatch import receiver
 from django.http import HttpResponse
+
+from webhooker import request_context
+
+# A caller's own request id, kept when it looks like one: a UUID, a trace id, a
+# load balancer's (AWS's "Root=1-..."); anything else is replaced.
+SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}\Z")
+
+
+class RequestIdMiddleware:
+    """Every response carries X-Request-Id: the caller's own if it is sane, else a
+    new one. Every log line written while the request is served carries it
+    (deliveries/logs.py), and an inbound event stores it."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        given = request.headers.get("X-Request-Id", "")
+        request.request_id = given if SANE_REQUEST_ID.match(given) else uuid.uuid4().hex
+        # Until the response is closed (request_finished): Django logs an error
+        # answer after the middleware has returned it.
+        request_context.request_id.set(request.request_id)
+        response = self.get_response(request)
+        response["X-Request-Id"] = request.request_id
+        return response
+
+
+@receiver(request_finished)
+def _request_served(sender, **kwargs):
+    request_context.request_id.set(None)
 
 
 @functools.lru_cache(maxsize=8)

@@ -474,6 +474,8 @@ class Event(models.Model):
     # The sender's name for what happened (X-GitHub-Event, Stripe's "type"...), read
     # at ingest (verification.sender_says); "" when the request does not say.
     event_type = models.CharField(max_length=200, blank=True, default="")
+    # The inbound request's X-Request-Id (deliveries.middleware.RequestIdMiddleware).
+    request_id = models.CharField(max_length=128, blank=True, default="", db_default="")
     # Stored by a deduplicating entrypoint: no other such event of the webhook may
     # have the same provider_id while this one is kept (event_provider_id_uniq).
     deduplicated = models.BooleanField(default=False)

@@ -20,3 +20,7 @@ HEADER_NAMES = "webhooker.header_names"
 request_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "request_arrived", default=None
 )
+
+# The id of the request this thread serves (deliveries.middleware.RequestIdMiddleware):
+# its answer's X-Request-Id, on every log line it writes, stored with its event.
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)

@@ -149,7 +149,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so everything after it (login throttling, the stored source address)
+    # Before anything that may log: each line of a request carries its id.
+    "deliveries.middleware.RequestIdMiddleware",
+    # First of the rest, so everything after it (login throttling, the stored source address)
     # sees the client's address rather than the proxy's.
     "deliveries.middleware.TrustedProxyMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -439,7 +441,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # A request's lines end with its request_id=... (deliveries/logs.py).
+        "plain": {
+            "()": "deliveries.logs.PlainFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         # One JSON object per line, `extra=` fields included (deliveries/logs.py).
         "json": {"()": "deliveries.logs.JsonFormatter"},
     },

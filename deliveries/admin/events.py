@@ -93,7 +93,13 @@ class EventAdmin(ReadOnlyMixin, OwnedAdmin):
         ("Sender's event", {"fields": [("event_type", "provider_id"), "received"]}),
         (
             "Request",
-            {"fields": [("method", "content_type", "size"), ("remote_addr", "query_string")]},
+            {
+                "fields": [
+                    ("method", "content_type", "size"),
+                    ("remote_addr", "query_string"),
+                    "request_id",
+                ]
+            },
         ),
         ("Headers", {"fields": ["headers_table"]}),
         ("Body", {"fields": ["body_view"]}),

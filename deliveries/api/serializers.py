@@ -232,7 +232,13 @@ class EventDetailSerializer(EventSerializer):
     body_url = serializers.SerializerMethodField(help_text="The exact body, downloadable.")
 
     class Meta(EventSerializer.Meta):
-        fields = [*EventSerializer.Meta.fields, "query_string", "headers", "body_url"]
+        fields = [
+            *EventSerializer.Meta.fields,
+            "query_string",
+            "headers",
+            "request_id",
+            "body_url",
+        ]
 
     def get_body_url(self, obj) -> str:
         request = self.context["request"]

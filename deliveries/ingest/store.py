@@ -21,6 +21,7 @@ from deliveries import verification, wake
 from deliveries.ingest import statements as queries
 from deliveries.ingest.entrypoints import Inbound
 from deliveries.models import Delivery, Event
+from webhooker import request_context
 from webhooker.db.sqlite.group_commit import group_commit
 
 
@@ -97,6 +98,7 @@ def store_event(
         deduplicated,
         0,
         says.event_type,
+        request_context.request_id.get() or "",
         entrypoint.id,
         *entrypoint.as_read,
     ]

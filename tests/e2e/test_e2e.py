@@ -14,7 +14,7 @@ import requests
 from django.conf import settings
 from django.db import connection
 
-from deliveries.models import Delivery, EngineStatus
+from deliveries.models import Delivery, EngineStatus, Event
 from tests.support.processes import (
     Process,
     free_port,
@@ -225,7 +225,11 @@ def test_serve_restarts_an_engine_that_dies_and_keeps_the_web_side(entrypoint, d
             lambda: EngineStatus.objects.exclude(pid=first).filter(stopped_at=None).exists(),
             message="the new engine's heartbeat",
         )
-        assert requests.post(url, json={}, timeout=30).status_code == 200
+        answer = requests.post(url, json={}, headers={"X-Request-Id": "e2e-1"}, timeout=30)
+        assert answer.status_code == 200
+        # Through gunicorn's edge worker as well: the id comes back, and is kept.
+        assert answer.headers["X-Request-Id"] == "e2e-1"
+        assert Event.objects.filter(request_id="e2e-1").exists()
         assert serve.popen.poll() is None
         serve.send(signal.SIGINT)
         assert serve.wait(60) == 0, serve.log()
