@@ -257,6 +257,8 @@ class Engine:
         """Attempt the task once, with its target as it is now, or write the result
         an earlier turn could not. True when the attempt is in flight on the HTTP
         client's loop (completed() takes it from there)."""
+        # Back from its transform (transformed()): the shaped copy, used this turn only.
+        shaped, task.shaped = task.shaped, None
         if task.unwritten is not None and self.partitions.holds(task.target_id):
             self.finish(task.unwritten)
             return False
@@ -273,30 +275,26 @@ class Engine:
             self.release(task)
             return False
         task.target = state
-        try:
-            body = read_body(task) if state.filters or state.transform else None
-        except DatabaseError:
-            self._database_trouble(task)
-            return False
-        if state.filters and not matches(
-            state.filters, task.headers, body, event_type=task.event_type
-        ):
-            self.finish(attempts.filtered(task))
-            return False
         # Filters, then the transform: before the breaker and the rate limit, so an
-        # event the target does not take holds neither a probe nor a slot.
-        sent = task
-        if state.transform:
-            start = time.monotonic()
-            try:
-                shaped = transforms.for_task(task, body)
-            except transforms.TransformError as exc:
-                self.finish(attempts.transform_failed(task, str(exc), start))
-                return False
-            if shaped is None:
-                self.finish(attempts.filtered(task, transforms.DROPPED))
-                return False
+        # event the target does not take holds neither a probe nor a slot. A task
+        # back from its transform has been through both.
+        sent, body = task, None
+        if shaped is not None:
             sent, body = shaped
+            sent.target = state
+        elif state.filters or state.transform:
+            try:
+                body = read_body(task)
+            except DatabaseError:
+                self._database_trouble(task)
+                return False
+            if state.filters and not matches(
+                state.filters, task.headers, body, event_type=task.event_type
+            ):
+                self.finish(attempts.filtered(task))
+                return False
+            if state.transform:
+                return self.transform(task, body)
         if not self.partitions.may_attempt(task.target_id):
             # The lease ran out (the lock connection silent, or this process just
             # woke from a pause): nothing is sent until a round trip confirms the
@@ -347,6 +345,59 @@ class Engine:
         )
         self.attempted(task, breaker, result)
         return False
+
+    def transform(self, task: Task, body: bytes) -> bool:
+        """Run the target's transform: on the worker processes' own time when the
+        engine runs (True: in flight, transformed() takes it from there, the room
+        and the gate's slot with it), else here and now (steps driven by tests)."""
+        start = time.monotonic()
+        if self.sender.running:
+            key = self.sender.track()
+            try:
+                transforms.submit(
+                    task, body, lambda shaped: self.transformed(task, shaped, start, key)
+                )
+            except BaseException:
+                self.sender.untrack(key)
+                raise
+            return True
+        try:
+            shaped = transforms.for_task(task, body)
+        except transforms.TransformError as exc:
+            shaped = exc
+        return self._after_transform(task, shaped, start)
+
+    def transformed(self, task: Task, shaped, start: float, key: int) -> None:
+        """A transform in flight came back (on a transform reader thread): the
+        attempt goes on from where it left off, or ends; then, unless it went on in
+        flight, the room and the gate's slot are given back as completed() does."""
+        try:
+            if self.stop_event.is_set():
+                self.release(task)
+            elif self._after_transform(task, shaped, start):
+                return  # the HTTP attempt in flight holds the room and the slot now
+        except Exception:
+            logger.exception("delivery %s: unexpected error", task.delivery_id)
+            self._give_back_probe(task)
+            self.release(task)
+        finally:
+            self.sender.untrack(key)
+        self.sender.unreserve()
+        following = self.gate.vacate(task.target_id)
+        if following is not None:
+            self.channel.put(following)
+
+    def _after_transform(self, task: Task, shaped, start: float) -> bool:
+        """The transform's answer: the delivery fails, is dropped, or the attempt goes
+        on with the shaped copy (attempt(), True when it went in flight)."""
+        if isinstance(shaped, transforms.TransformError):
+            self.finish(attempts.transform_failed(task, str(shaped), start))
+            return False
+        if shaped is None:
+            self.finish(attempts.filtered(task, transforms.DROPPED))
+            return False
+        task.shaped = shaped
+        return self.attempt(task)
 
     def completed(self, task: Task, breaker, outcome, start: float) -> None:
         """An attempt in flight came back (on the sender's completer thread): its

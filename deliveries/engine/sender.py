@@ -51,15 +51,26 @@ class Sender:
     def send(self, request: transport.Request, then) -> None:
         """Send `request` with the room reserved; `then(outcome)` runs on the
         completer thread once it is answered, timed out or refused."""
-        key = next(self._keys)
-        with self._cond:
-            self._started[key] = time.monotonic()
+        key = self.track()
         try:
             transport.client.start(request, lambda outcome: self._done.put((then, outcome, key)))
         except BaseException:
-            with self._cond:
-                del self._started[key]
+            self.untrack(key)
             raise
+
+    def track(self) -> int:
+        """Count something else in flight with the room reserved (a transform on its
+        way to the worker processes): drain() waits for it, oldest() sees it. The
+        caller untracks it, and gives the room back or sends with it."""
+        key = next(self._keys)
+        with self._cond:
+            self._started[key] = time.monotonic()
+        return key
+
+    def untrack(self, key: int) -> None:
+        with self._cond:
+            del self._started[key]
+            self._cond.notify_all()
 
     def in_flight(self) -> int:
         with self._cond:
@@ -88,9 +99,7 @@ class Sender:
                 logger.exception("an attempt's completion failed")
             finally:
                 self._room.release()
-                with self._cond:
-                    del self._started[key]
-                    self._cond.notify_all()
+                self.untrack(key)
 
     def drain(self, timeout: float) -> bool:
         """Wait until every attempt in flight has completed (graceful stop)."""

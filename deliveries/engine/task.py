@@ -59,3 +59,6 @@ class Task:
     # A copy shaped by the target's transform (transforms.for_task), sent in place
     # of the event as received.
     transformed: bool = False
+    # (task as sent, body) from its transform, for the attempt that goes on with it
+    # (Engine.attempt takes it, once).
+    shaped: tuple | None = field(default=None, repr=False)

@@ -35,7 +35,7 @@ MAX_PROGRAM = 10_000
 KEYS = ("body", "headers", "query")
 DROPPED = "dropped by transform"
 
-__all__ = ["DROPPED", "TransformError", "for_task", "run", "shaped", "validate_program"]
+__all__ = ["DROPPED", "TransformError", "for_task", "run", "shaped", "submit", "validate_program"]
 
 
 def validate_program(program: str) -> None:
@@ -94,15 +94,34 @@ def run(task, body: bytes, program: str, *, show: bool = False):
     event. Raises TransformError."""
     answer = workers().run(SHOW + program if show else program, task_document(task, body))
     shown, values = answer if show else (None, answer)
-    if len(values) > 1:
-        raise TransformError("the transform yielded more than one value: yield one object")
-    return shown, values[0] if values else None
+    return shown, _one(values)
 
 
 def for_task(task, body: bytes):
     """The engine's call: (task as sent, body sent), or None when the program drops
     the event; raises TransformError."""
     return shaped(task, body, run(task, body, task.target.transform)[1])
+
+
+def submit(task, body: bytes, then) -> None:
+    """for_task() without waiting: `then` is called on a transform reader thread with
+    (task as sent, body sent), None (dropped), or the TransformError."""
+
+    def answered(values):
+        try:
+            if isinstance(values, TransformError):
+                raise values
+            then(shaped(task, body, _one(values)))
+        except TransformError as exc:
+            then(exc)
+
+    workers().submit(task.target.transform, task_document(task, body), answered)
+
+
+def _one(values: list):
+    if len(values) > 1:
+        raise TransformError("the transform yielded more than one value: yield one object")
+    return values[0] if values else None
 
 
 def shaped(task, body: bytes, out):

@@ -28,6 +28,7 @@ import atexit
 import collections
 import contextlib
 import json
+import logging
 import os
 import queue
 import select
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -43,8 +45,16 @@ from django.conf import settings
 from deliveries.transforms.worker import SHOW
 
 WORKER = Path(__file__).with_name("worker.py")
-# Handed to the callers queued behind a call that ended its worker: ask again.
-_AGAIN = ("again", None)
+logger = logging.getLogger("deliveries.transforms")
+
+
+def _tell(then, answer) -> None:
+    """Hand an answer to its caller; a caller's failure must not stop the reader."""
+    try:
+        then(answer)
+    except Exception:
+        logger.exception("a transform's caller failed on its answer")
+
 
 __all__ = ["SHOW", "Pool", "TransformError", "workers"]
 
@@ -62,22 +72,22 @@ class _Worker:
         self.process = _Spawner.get().start(pool.megabytes)
         self.stdin = self.process.stdin.fileno()
         self.stdout = self.process.stdout.fileno()
-        # (answer box, when sent) of each waiting caller, in the order of requests.
-        self.waiting: collections.deque[tuple[queue.SimpleQueue, float]] = collections.deque()
+        # (then, when sent, request) of each call waiting, in the order of requests.
+        self.waiting: collections.deque[tuple[Callable, float, bytes]] = collections.deque()
         self.lock = threading.Lock()
         self.dead = False
         # Wakes the reader when a call arrives at an idle worker: its time starts.
         self._wake_r, self._wake_w = os.pipe()
         threading.Thread(target=self._read, name="transform-reader", daemon=True).start()
 
-    def send(self, request: bytes) -> queue.SimpleQueue | None:
-        """Queue one call; its answer box, or None when this worker has ended."""
-        box = queue.SimpleQueue()
+    def send(self, request: bytes, then) -> bool:
+        """Queue one call, `then(answer)` called on this worker's reader thread;
+        False when this worker has ended (nothing queued)."""
         with self.lock:
             if self.dead:
-                return None
+                return False
             idle = not self.waiting
-            self.waiting.append((box, time.monotonic()))
+            self.waiting.append((then, time.monotonic(), request))
             try:
                 view = memoryview(request)
                 while view:
@@ -86,7 +96,7 @@ class _Worker:
                     os.write(self._wake_w, b"\0")
             except OSError:
                 pass  # it died: the reader answers every caller
-        return box
+        return True
 
     def _read(self) -> None:
         try:
@@ -127,13 +137,13 @@ class _Worker:
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
                 with self.lock:
-                    box, _ = self.waiting.popleft()
+                    then, _, _ = self.waiting.popleft()
                 answered = time.monotonic()
                 try:
                     answer = json.loads(line)
                 except ValueError:
                     answer = ("error", "the transform's worker process answered nonsense")
-                box.put(answer)
+                _tell(then, answer)
                 if answer[0] == "memory":  # it exits: the calls behind ask again
                     self._end(None)
                     return
@@ -144,9 +154,10 @@ class _Worker:
             return ("memory", None)
         return ("error", "the transform's worker process ended unexpectedly")
 
-    def _end(self, head_answer) -> None:
+    def _end(self, head_answer, *, again: bool = True) -> None:
         """Kill the process; the call at the head gets `head_answer` (None: it was
-        answered), the calls behind it ask again, of a new worker."""
+        answered), the calls behind it ask again, of a new worker (or, closing,
+        get `head_answer` too)."""
         with self.lock:
             if self.dead:
                 return
@@ -154,8 +165,14 @@ class _Worker:
             waiting, self.waiting = list(self.waiting), collections.deque()
         self.kill()
         self.pool.replace(self)
-        for n, (box, _) in enumerate(waiting):
-            box.put(head_answer if n == 0 and head_answer is not None else _AGAIN)
+        for n, (then, _, request) in enumerate(waiting):
+            if (n == 0 or not again) and head_answer is not None:
+                _tell(then, head_answer)
+            elif again:  # innocent: asked again, of a new worker
+                try:
+                    self.pool.send(request, then)
+                except TransformError as exc:  # the pool closed meanwhile
+                    _tell(then, ("error", str(exc)))
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -232,21 +249,37 @@ class Pool:
         worker parses it from `text`): at most its first two values, or with SHOW
         before the program, [input, values]. Raises TransformError with jq's
         message, or saying which limit the call hit."""
-        request = json.dumps(program).encode() + b"\n" + document + b"\n"
-        while True:
-            box = self._least_busy().send(request)
-            if box is None:
-                continue  # it ended just now: another
-            kind, value = box.get()
-            if kind == "again":
-                continue
+        box = queue.SimpleQueue()
+        self.submit(program, document, box.put)
+        answer = box.get()
+        if isinstance(answer, TransformError):
+            raise answer
+        return answer
+
+    def submit(self, program: str, document: bytes, then) -> None:
+        """run() without waiting: `then` is called on a reader thread with the
+        values, or with the TransformError (never raised to it). A call never blocks
+        the caller's thread: the engine keeps thousands of them in flight."""
+
+        def answered(answer):
+            kind, value = answer
             if kind == "memory":
-                raise TransformError(
+                value = TransformError(
                     f"the transform needed more than {self.megabytes} MB of memory"
                 )
-            if kind == "error":
-                raise TransformError(value)
-            return value
+            elif kind == "error":
+                value = TransformError(value)
+            then(value)
+
+        try:
+            self.send(json.dumps(program).encode() + b"\n" + document + b"\n", answered)
+        except TransformError as exc:
+            then(exc)
+
+    def send(self, request: bytes, then) -> None:
+        """Queue `request` on the least busy worker (one that ended just now: another)."""
+        while not self._least_busy().send(request, then):
+            pass
 
     def replace(self, worker: _Worker) -> None:
         """An ended worker's place is free for a new one."""
@@ -261,7 +294,7 @@ class Pool:
             workers, self._workers = self._workers, [None] * self.size
         for worker in workers:
             if worker is not None:
-                worker._end(("error", "webhooker is stopping"))
+                worker._end(("error", "webhooker is stopping"), again=False)
 
     def _least_busy(self) -> _Worker:
         with self._lock:
