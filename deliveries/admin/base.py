@@ -17,12 +17,13 @@ from django.forms import Media
 from django.http import Http404, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from unfold.admin import ModelAdmin, TabularInline
 
+from deliveries import export
 from deliveries.models import Delivery
 
 _COLOURS = {
@@ -220,6 +221,37 @@ class OwnedAdmin(ModelAdmin):
             # object must look exactly like one that does not exist at all.
             raise Http404("No such object.")
         return obj
+
+
+class ExportsList:
+    """ "Export these rows" above a list: every row its filters and search let
+    through, streamed as CSV or JSON Lines (deliveries/export.py), under the same
+    ownership rule as the list."""
+
+    export_columns: dict
+    list_before_template = "admin/deliveries/export_links.html"
+
+    def export_rows(self, queryset):
+        return queryset
+
+    def get_urls(self):
+        opts = self.model._meta
+        return [
+            path(
+                "export/<str:kind>/",
+                self.admin_site.admin_view(self.export_view),
+                name=f"{opts.app_label}_{opts.model_name}_export",
+            ),
+            *super().get_urls(),
+        ]
+
+    def export_view(self, request, kind):
+        if kind not in export.FORMATS:
+            raise Http404("No such format.")
+        rows = self.export_rows(self.get_changelist_instance(request).queryset)
+        return export.stream(
+            rows, self.export_columns, kind, str(self.model._meta.verbose_name_plural)
+        )
 
 
 class OwnerMixin:

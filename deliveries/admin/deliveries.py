@@ -12,9 +12,11 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
+from deliveries import export
 from deliveries.admin import search
 from deliveries.admin.base import (
     CappedCountPaginator,
+    ExportsList,
     OwnedAdmin,
     ReadOnlyMixin,
     confirmed,
@@ -60,7 +62,12 @@ def read_consistently(delivery: Delivery) -> None:
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(ReadOnlyMixin, OwnedAdmin):
+class DeliveryAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
+    export_columns = export.DELIVERY_COLUMNS
+
+    def export_rows(self, queryset):
+        return export.deliveries_for_export(queryset)
+
     list_display = [
         "id",
         "badge",

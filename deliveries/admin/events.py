@@ -13,9 +13,11 @@ from django.template.loader import render_to_string
 from django.urls import path, reverse
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
+from deliveries import export
 from deliveries.admin import search
 from deliveries.admin.base import (
     CappedCountPaginator,
+    ExportsList,
     OwnedAdmin,
     ReadOnlyMixin,
     confirmed,
@@ -55,7 +57,9 @@ def outcome_badges(counts: dict[str, int]):
 
 
 @admin.register(Event)
-class EventAdmin(ReadOnlyMixin, OwnedAdmin):
+class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
+    export_columns = export.EVENT_COLUMNS
+
     list_display = [
         "short_code",
         "webhook",

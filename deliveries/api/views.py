@@ -6,12 +6,18 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 from django.http import HttpResponse, JsonResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
+from deliveries import export
 from deliveries.api import idempotency
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
@@ -66,10 +72,10 @@ class OwnedViewSet(viewsets.GenericViewSet):
 
     def get_queryset(self):
         queryset = self.model.objects.visible_to(self.request.user)
-        if self.action == "list":
+        if self.action in ("list", "export"):
             # Every list checks its parameters: one it does not know is a 400.
             params = self.list_filter or QueryFilter
-            known = {"also_known": (self.paginator.cursor_query_param, "limit")}
+            known = {"also_known": (self.paginator.cursor_query_param, "limit", "as")}
             queryset = params(data=self.request.query_params, context=known).apply(queryset)
         return queryset
 
@@ -190,13 +196,52 @@ class TargetViewSet(CrudViewSet):
         return Response(self.get_serializer(target).data)
 
 
-class EventViewSet(ReadOnlyViewSet):
+class ExportMixin:
+    """`GET …/export/?as=csv|jsonl` and the list's filters: every row the list
+    would page through, streamed (deliveries/export.py)."""
+
+    export_columns: dict
+
+    def export_rows(self, queryset):
+        return queryset
+
+    def perform_content_negotiation(self, request, force=False):
+        # CSV or JSON Lines whatever the client accepts; errors are JSON.
+        return super().perform_content_negotiation(request, force=force or self.action == "export")
+
+    @action(detail=False, methods=["get"])
+    def export(self, request):
+        kind = request.query_params.get("as", "jsonl")
+        if kind not in export.FORMATS:
+            raise ValidationError({"as": [f"One of {', '.join(export.FORMATS)}."]})
+        rows = self.export_rows(self.get_queryset())
+        return export.stream(rows, self.export_columns, kind, self.basename + "s")
+
+
+def export_schema(list_filter):
+    return extend_schema(
+        parameters=[
+            list_filter,
+            OpenApiParameter("as", OpenApiTypes.STR, enum=list(export.FORMATS), default="jsonl"),
+        ],
+        responses={
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.BINARY),
+            (200, "application/jsonl"): OpenApiResponse(OpenApiTypes.BINARY),
+        },
+        description="The list as filtered, every row, streamed: CSV with a header row, "
+        "or one JSON object per line.",
+    )
+
+
+@extend_schema_view(export=export_schema(EventFilter))
+class EventViewSet(ExportMixin, ReadOnlyViewSet):
     """Events as received, newest first. Read-only: replay sends them again."""
 
     model = Event
     serializer_class = s.EventSerializer
     detail_serializer_class = s.EventDetailSerializer
     list_filter = EventFilter
+    export_columns = export.EVENT_COLUMNS
 
     def get_queryset(self):
         queryset = super().get_queryset()
@@ -249,13 +294,18 @@ class EventViewSet(ReadOnlyViewSet):
         return Response({"queued": reset + created, "redelivered": reset, "created": created})
 
 
-class DeliveryViewSet(ReadOnlyViewSet):
+@extend_schema_view(export=export_schema(DeliveryFilter))
+class DeliveryViewSet(ExportMixin, ReadOnlyViewSet):
     """One event to one target: its status and every attempt."""
 
     model = Delivery
     serializer_class = s.DeliverySerializer
     detail_serializer_class = s.DeliveryDetailSerializer
     list_filter = DeliveryFilter
+    export_columns = export.DELIVERY_COLUMNS
+
+    def export_rows(self, queryset):
+        return export.deliveries_for_export(queryset)
 
     def get_queryset(self):
         queryset = (
