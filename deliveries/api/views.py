@@ -218,8 +218,9 @@ class ExportMixin:
         return export.stream(rows, self.export_columns, kind, self.basename + "s")
 
 
-def export_schema(list_filter):
+def export_schema(name, list_filter):
     return extend_schema(
+        operation_id=f"{name}_export",
         parameters=[
             list_filter,
             OpenApiParameter("as", OpenApiTypes.STR, enum=list(export.FORMATS), default="jsonl"),
@@ -233,7 +234,7 @@ def export_schema(list_filter):
     )
 
 
-@extend_schema_view(export=export_schema(EventFilter))
+@extend_schema_view(export=export_schema("events", EventFilter))
 class EventViewSet(ExportMixin, ReadOnlyViewSet):
     """Events as received, newest first. Read-only: replay sends them again."""
 
@@ -294,7 +295,7 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
         return Response({"queued": reset + created, "redelivered": reset, "created": created})
 
 
-@extend_schema_view(export=export_schema(DeliveryFilter))
+@extend_schema_view(export=export_schema("deliveries", DeliveryFilter))
 class DeliveryViewSet(ExportMixin, ReadOnlyViewSet):
     """One event to one target: its status and every attempt."""
 

@@ -1,5 +1,6 @@
 """Keys, clients and worlds for the API tests."""
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +60,14 @@ class Call:
     def addresses_one(self) -> bool:
         """Names one row, in the path or as a bulk action's ids."""
         return "{" in self.path or self.name in ("events_replay", "deliveries_redeliver")
+
+
+def listed_rows(response) -> list[dict]:
+    """A list's rows: a page's results, or an export's JSON Lines."""
+    if getattr(response, "streaming", False):
+        text = b"".join(response.streaming_content).decode()
+        return [json.loads(line) for line in text.splitlines()]
+    return response.json()["results"]
 
 
 def _http_target(ids):
@@ -122,10 +131,12 @@ CALLS = [
         "targets_preview", "post", "targets/{target}/preview/", lambda ids: {"event": ids["event"]}
     ),
     Call("events_list", "get", "events/"),
+    Call("events_export", "get", "events/export/"),
     Call("events_retrieve", "get", "events/{event}/"),
     Call("events_body", "get", "events/{event}/body/"),
     Call("events_replay", "post", "events/replay/", lambda ids: {"ids": [ids["event"]]}),
     Call("deliveries_list", "get", "deliveries/"),
+    Call("deliveries_export", "get", "deliveries/export/"),
     Call("deliveries_retrieve", "get", "deliveries/{delivery}/"),
     Call(
         "deliveries_redeliver",
