@@ -335,3 +335,49 @@ class EntrypointForm(forms.ModelForm):
             for key, messages in exc.message_dict.items():
                 self.add_error(key if key in self.fields else None, messages)
         return cleaned
+
+
+def clean_header_lines(lines) -> list[list[str]]:
+    """[[name, value], ...] as an event keeps them, or ValidationError naming the line."""
+    from deliveries.targets.http import valid_header
+
+    if not isinstance(lines, list):
+        raise ValidationError("Headers are a list of [name, value] lines.")
+    cleaned = []
+    for n, line in enumerate(lines, 1):
+        if (
+            not isinstance(line, list | tuple)
+            or len(line) != 2
+            or not all(isinstance(part, str) for part in line)
+            or not valid_header(line[0], line[1])
+        ):
+            raise ValidationError(f"Line {n} is not a valid [name, value] header line.")
+        cleaned.append([line[0], line[1]])
+    return cleaned
+
+
+class ResendForm(forms.Form):
+    """Edit and resend: an event's header lines and body, as the new event gets them."""
+
+    headers = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 8, "class": "wh-json-input"}),
+        help_text="One 'Name: value' line each, in order; repeated names stay apart.",
+    )
+    body = forms.CharField(
+        required=False,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 14, "class": "wh-json-input"}),
+        help_text="Sent as UTF-8.",
+    )
+
+    def clean_headers(self):
+        lines = []
+        for line in self.cleaned_data["headers"].splitlines():
+            if line.strip():
+                name, sep, value = line.partition(":")
+                lines.append([name.strip(), value.strip()] if sep else [line, None])
+        return clean_header_lines(lines)
+
+    def clean_body(self):
+        return self.cleaned_data["body"].encode("utf-8")

@@ -476,6 +476,10 @@ class Event(models.Model):
     event_type = models.CharField(max_length=200, blank=True, default="")
     # The inbound request's X-Request-Id (deliveries.middleware.RequestIdMiddleware).
     request_id = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # The event this one is an edited copy of (Event.resend), if it is one.
+    resent_from = models.ForeignKey(
+        "self", models.SET_NULL, null=True, blank=True, related_name="resends"
+    )
     # Stored by a deduplicating entrypoint: no other such event of the webhook may
     # have the same provider_id while this one is kept (event_provider_id_uniq).
     deduplicated = models.BooleanField(default=False)
@@ -511,6 +515,41 @@ class Event(models.Model):
 
     def __str__(self):
         return str(self.code)
+
+    def resend(self, *, body: bytes | None = None, headers: list | None = None) -> "Event":
+        """A copy of this event, its body and header lines edited (None: as they
+        were), stored as a new event of the same webhook linked to this one, with a
+        pending delivery for each active target: delivered as usual."""
+        headers = self.headers if headers is None else headers
+        body = bytes(self.body) if body is None else body
+        says = verification.sender_says(headers, body)
+        content_type = next(
+            (value for name, value in headers if name.lower() == "content-type"), ""
+        )
+        now = timezone.now()
+        with transaction.atomic():
+            copy = Event.objects.create(
+                webhook_id=self.webhook_id,
+                entrypoint_id=self.entrypoint_id,
+                method=self.method,
+                query_string=self.query_string,
+                headers=headers,
+                body=body,
+                body_size=len(body),
+                content_type=content_type[:255],
+                received_at=now,
+                event_type=says.event_type,
+                provider_id=says.event_id,
+                resent_from=self,
+            )
+            Delivery.objects.bulk_create(
+                Delivery(event=copy, target_id=target_id, created_at=now, updated_at=now)
+                for target_id in Target.objects.filter(
+                    webhook_id=self.webhook_id, active=True
+                ).values_list("id", flat=True)
+            )
+            wake.notify_on_commit(connections[Event.objects.db])
+        return copy
 
 
 class DeliveryQuerySet(OwnedQuerySet):

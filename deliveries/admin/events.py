@@ -7,10 +7,11 @@ import re
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import Count, OuterRef, Subquery
-from django.http import Http404, HttpResponse
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import filesizeformat
 from django.template.loader import render_to_string
 from django.urls import path, reverse
+from django.utils.html import format_html
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
 from deliveries import export
@@ -20,6 +21,7 @@ from deliveries.admin.base import (
     ExportsList,
     OwnedAdmin,
     ReadOnlyMixin,
+    ask_first,
     confirmed,
     copyable_code,
     delivery_buttons,
@@ -31,6 +33,7 @@ from deliveries.admin.filters import (
     WebhookFilter,
 )
 from deliveries.admin.search import SCAN_ROWS
+from deliveries.forms import ResendForm
 from deliveries.models import Delivery, DeliveryResult, Event
 
 # Every status, the ones that need a look first.
@@ -95,6 +98,7 @@ class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
         ("Deliveries", {"fields": ["deliveries_table"]}),
         (None, {"fields": [("code", "received_at"), ("webhook", "entrypoint")]}),
         ("Sender's event", {"fields": [("event_type", "provider_id"), "received"]}),
+        (None, {"fields": ["resend_link"]}),
         (
             "Request",
             {
@@ -123,6 +127,11 @@ class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
                 "<path:object_id>/body/",
                 self.admin_site.admin_view(self.body_download),
                 name="deliveries_event_body",
+            ),
+            path(
+                "<path:object_id>/resend/",
+                self.admin_site.admin_view(self.resend_view),
+                name="deliveries_event_resend",
             ),
             *super().get_urls(),
         ]
@@ -182,6 +191,43 @@ class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
         here = reverse("admin:deliveries_event_change", args=[obj.pk])
         rows = [(d, delivery_buttons(d, here)) for d in deliveries]
         return render_to_string("admin/deliveries/event/deliveries.html", {"rows": rows})
+
+    def resend_view(self, request, object_id):
+        """Edit and resend: the event's header lines and body in a form; saved, a new
+        event linked to this one, delivered as usual (Event.resend)."""
+        event = self.get_object(request, object_id)  # 404 for junk ids and others' events
+        initial = {
+            "headers": "\n".join(f"{name}: {value}" for name, value in event.headers),
+            "body": bytes(event.body).decode("utf-8", "replace"),
+        }
+        form = ResendForm(request.POST if "apply" in request.POST else None, initial=initial)
+        if not form.is_valid():
+            return ask_first(
+                self,
+                request,
+                title="Edit and resend",
+                intro="A new event is stored with these header lines and this body, "
+                "linked to this one, and delivered to the webhook's active targets.",
+                objects=[event],
+                describe=lambda e: f"event {e.code}",
+                form=form,
+                hidden={"apply": "1"},
+                submit="Resend",
+            )
+        copy = event.resend(body=form.cleaned_data["body"], headers=form.cleaned_data["headers"])
+        self.message_user(request, f"Stored and queued as event {copy.code}.", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:deliveries_event_change", args=[copy.pk]))
+
+    @admin.display(description="Resend")
+    def resend_link(self, obj):
+        if obj.pk is None:
+            return "–"
+        url = reverse("admin:deliveries_event_resend", args=[obj.pk])
+        origin = ""
+        if obj.resent_from_id:
+            back = reverse("admin:deliveries_event_change", args=[obj.resent_from_id])
+            origin = format_html(' · a resend of <a href="{}">this event</a>', back)
+        return format_html('<a class="wh-button" href="{}">Edit and resend…</a>{}', url, origin)
 
     def body_download(self, request, object_id):
         """The exact bytes as received."""

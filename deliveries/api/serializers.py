@@ -15,6 +15,7 @@ from deliveries import verification
 from deliveries.api.filters import EventSelection
 from deliveries.api.strict import RefusesUnknown
 from deliveries.filters import clean_filters
+from deliveries.forms import clean_header_lines
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 from deliveries.transforms import validate_program
 
@@ -237,6 +238,7 @@ class EventDetailSerializer(EventSerializer):
             "query_string",
             "headers",
             "request_id",
+            "resent_from",
             "body_url",
         ]
 
@@ -340,6 +342,25 @@ class PreviewSerializer(serializers.Serializer):
     query = serializers.CharField(required=False, help_text="The query string sent.")
     input = serializers.JSONField(help_text="What a transform reads for this event.")
     output = serializers.JSONField(help_text="What the transform yielded (null: none, or dropped).")
+
+
+class ResendSerializer(RefusesUnknown, serializers.Serializer):
+    body = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="The new event's body, sent as UTF-8 (absent: the original's bytes).",
+    )
+    headers = serializers.JSONField(
+        required=False,
+        help_text="The new event's header lines, [[name, value], ...] (absent: the original's).",
+    )
+
+    def validate_headers(self, value):
+        try:
+            return clean_header_lines(value)
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.messages) from None
 
 
 class PauseSerializer(RefusesUnknown, serializers.Serializer):

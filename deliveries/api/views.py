@@ -246,8 +246,9 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
 
     def get_queryset(self):
         queryset = super().get_queryset()
-        if self.action != "body":
-            # Nothing but the body download reads bodies: not megabytes per page.
+        if self.action not in ("body", "resend"):
+            # Nothing but the body download and a resend read bodies: not megabytes
+            # per page.
             queryset = queryset.defer("body")
         if self.action == "list":
             queryset = queryset.defer("body", "headers")
@@ -257,6 +258,27 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
         # The body is answered as received whatever the client accepts; errors
         # are JSON like everywhere else.
         return super().perform_content_negotiation(request, force=force or self.action == "body")
+
+    @extend_schema(
+        operation_id="events_resend",
+        request=s.ResendSerializer,
+        responses={201: s.EventDetailSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def resend(self, request, pk=None):
+        """An edited copy of the event (`body`, `headers`), stored as a new event
+        linked to it (`resent_from`) and delivered as usual."""
+        event = self.get_object()
+        form = s.ResendSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        body = form.validated_data.get("body")
+        copy = event.resend(
+            body=None if body is None else body.encode("utf-8"),
+            headers=form.validated_data.get("headers"),
+        )
+        return Response(
+            s.EventDetailSerializer(copy, context={"request": request}).data, status=201
+        )
 
     @extend_schema(
         operation_id="events_body",

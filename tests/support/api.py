@@ -132,6 +132,13 @@ CALLS = [
     ),
     Call("events_list", "get", "events/"),
     Call("events_export", "get", "events/export/"),
+    Call(
+        "events_resend",
+        "post",
+        "events/{event}/resend/",
+        lambda ids: {"body": '{"edited": true}'},
+        201,
+    ),
     Call("events_retrieve", "get", "events/{event}/"),
     Call("events_body", "get", "events/{event}/body/"),
     Call("events_replay", "post", "events/replay/", lambda ids: {"ids": [ids["event"]]}),
