@@ -177,7 +177,8 @@ def _delete(ids) -> tuple[Counter, float]:
     # Plain DELETEs, children first: Django's delete() would load every row into
     # Python to collect cascades, several times the CPU of the statements, on the
     # cores the inbound view needs meanwhile. These three tables are the only ones
-    # pointing at events (tests/unit/test_retention.py holds that); only quoted table
+    # pointing at events, with events' own resent_from (tests/unit/test_retention.py
+    # holds that); only quoted table
     # and column names from model metadata are interpolated.
     q = connection.ops.quote_name
     event, delivery, result = (q(m._meta.db_table) for m in (Event, Delivery, DeliveryResult))
@@ -212,6 +213,7 @@ _UNFINISHED = frozenset(map(str, Delivery.UNFINISHED))
 
 def _delete_in(ids, removed: Counter, tables, marks: str) -> None:
     event, delivery, result = tables
+    q_resent = connection.ops.quote_name(Event._meta.get_field("resent_from").column)
     lock = ""
     with connection.cursor() as cursor:
         if connection.features.has_select_for_update:
@@ -240,6 +242,12 @@ def _delete_in(ids, removed: Counter, tables, marks: str) -> None:
         removed["results"] += cursor.rowcount
         cursor.execute(f"DELETE FROM {delivery} WHERE event_id IN ({marks})", ids)  # noqa: S608
         removed["deliveries"] += cursor.rowcount
+        # A resend of a deleted event (Event.resent_from) keeps its own life; the
+        # link goes (models.SET_NULL, done here as Django would do it in Python).
+        cursor.execute(
+            f"UPDATE {event} SET {q_resent} = NULL WHERE {q_resent} IN ({marks})",  # noqa: S608
+            ids,
+        )
         cursor.execute(f"DELETE FROM {event} WHERE id IN ({marks})", ids)  # noqa: S608
         removed["events"] += cursor.rowcount
 

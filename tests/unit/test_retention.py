@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from deliveries import retention
-from deliveries.models import Event
+from deliveries.models import Delivery, Event
 from tests.support.engines import store
 
 
@@ -116,14 +116,29 @@ def test_pruneevents_vacuum_switches_an_old_file_to_incremental(entrypoint, caps
 def test_only_deliveries_and_results_point_at_what_retention_deletes():
     """Retention deletes with plain statements, children first: a new table that
     points at events, deliveries or results must be added there too."""
-    from deliveries.models import Delivery, DeliveryResult
+    from deliveries.models import DeliveryResult
 
     def pointing_at(model):
         return {(r.related_model, r.field.name) for r in model._meta.related_objects}
 
-    assert pointing_at(Event) == {(Delivery, "event")}
+    assert pointing_at(Event) == {(Delivery, "event"), (Event, "resent_from")}
     assert pointing_at(Delivery) == {(DeliveryResult, "delivery")}
     assert pointing_at(DeliveryResult) == set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pruning_an_event_that_was_resent_keeps_the_resend(entrypoint):
+    [old] = store(entrypoint)
+    Delivery.objects.update(status="delivered")
+    copy = old.resend(body=b'{"again": true}')
+    Delivery.objects.update(status="delivered")
+    Event.objects.filter(pk=old.pk).update(
+        received_at=timezone.now() - datetime.timedelta(days=400)
+    )
+    assert retention.prune_events()["events"] == 1
+    copy.refresh_from_db()
+    assert copy.resent_from_id is None
+    assert list(Event.objects.all()) == [copy]
 
 
 def test_the_pacer_sizes_batches_to_the_hold_it_aims_for():
