@@ -5,6 +5,7 @@ body is a 422; while the first is still being answered, a 409. Keys are the user
 kept for IdempotentRequest.KEPT (retention.prune_events deletes older ones); an
 answer of 500 or more is not kept (the request may be sent again as new)."""
 
+import datetime
 import hashlib
 import re
 
@@ -16,6 +17,9 @@ from rest_framework import exceptions, status
 from deliveries.models import IdempotentRequest
 
 HEADER = "Idempotency-Key"
+# A first request with no answer after this long never finished: its key is taken
+# over (longer than any request is let run: gunicorn's timeout is 30 s).
+ABANDONED = datetime.timedelta(minutes=2)
 # Printable ASCII, as Stripe's: a UUID, or anything a client makes of its own.
 KEY = re.compile(r"[\x21-\x7e]{1,255}\Z")
 
@@ -69,6 +73,12 @@ def begin(request) -> IdempotentRequest | None:
     if found.fingerprint != fingerprint:
         raise Mismatch()
     if found.status_code is None:
+        if found.created_at < now - ABANDONED:
+            # Its request never finished (the worker killed mid-request): the key
+            # is this request's now, or a lost answer would block it for a day.
+            found.created_at = now
+            found.save(update_fields=["created_at"])
+            return found
         raise Conflict()
     raise Replayed(found)
 

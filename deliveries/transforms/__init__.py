@@ -111,9 +111,12 @@ def submit(task, body: bytes, then) -> None:
         try:
             if isinstance(values, TransformError):
                 raise values
-            then(shaped(task, body, _one(values)))
+            result = shaped(task, body, _one(values))
         except TransformError as exc:
-            then(exc)
+            result = exc
+        except Exception as exc:  # its caller is answered whatever happens
+            result = TransformError(f"the transform's output could not be used: {exc!r}")
+        then(result)
 
     workers().submit(task.target.transform, task_document(task, body), answered)
 

@@ -74,20 +74,31 @@ class _Worker:
         self.stdout = self.process.stdout.fileno()
         # (then, when sent, request) of each call waiting, in the order of requests.
         self.waiting: collections.deque[tuple[Callable, float, bytes]] = collections.deque()
+        # `lock` guards `waiting` and `dead`, held for moments only: the reader takes
+        # it for each answer. `write_lock` keeps the requests in the pipe in the
+        # order of `waiting`; a write may block (a full pipe, the worker busy), and
+        # must never block the reader, or a worker writing a large answer and one
+        # waiting for its stdin to be read would wait on each other for good.
         self.lock = threading.Lock()
+        self.write_lock = threading.Lock()
         self.dead = False
-        # Wakes the reader when a call arrives at an idle worker: its time starts.
-        self._wake_r, self._wake_w = os.pipe()
-        threading.Thread(target=self._read, name="transform-reader", daemon=True).start()
+        try:
+            # Wakes the reader when a call arrives at an idle worker: its time starts.
+            self._wake_r, self._wake_w = os.pipe()
+            threading.Thread(target=self._read, name="transform-reader", daemon=True).start()
+        except Exception as exc:
+            self.kill()
+            raise OSError(f"transform worker not started: {exc}") from None
 
     def send(self, request: bytes, then) -> bool:
         """Queue one call, `then(answer)` called on this worker's reader thread;
         False when this worker has ended (nothing queued)."""
-        with self.lock:
-            if self.dead:
-                return False
-            idle = not self.waiting
-            self.waiting.append((then, time.monotonic(), request))
+        with self.write_lock:
+            with self.lock:
+                if self.dead:
+                    return False
+                idle = not self.waiting
+                self.waiting.append((then, time.monotonic(), request))
             try:
                 view = memoryview(request)
                 while view:
@@ -95,7 +106,7 @@ class _Worker:
                 if idle:
                     os.write(self._wake_w, b"\0")
             except OSError:
-                pass  # it died: the reader answers every caller
+                pass  # it died or was killed: the reader answers every caller
         return True
 
     def _read(self) -> None:
@@ -121,10 +132,13 @@ class _Worker:
             if head is not None:
                 # Its time runs from when the calls before it were answered.
                 left = max(head[1], answered) + timeout - time.monotonic()
-                if left <= 0:
+                if left <= 0 and not poll.poll(0):  # not even an answer waiting
                     self._end(("error", f"the transform ran longer than {timeout:g} s"))
                     return
-            ready = {fd for fd, _ in poll.poll(None if left is None else left * 1000)}
+            wait = None if left is None else max(0.0, left) * 1000
+            ready = {fd for fd, _ in poll.poll(wait)}
+            if self.dead:  # ended by the pool (closing): its descriptors are not ours
+                return
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             if self.stdout not in ready:
@@ -136,14 +150,16 @@ class _Worker:
             buffer += chunk
             *lines, buffer = buffer.split(b"\n")
             for line in lines:
-                with self.lock:
-                    then, _, _ = self.waiting.popleft()
-                answered = time.monotonic()
+                # Nothing between taking a caller and answering it can raise.
                 try:
                     answer = json.loads(line)
-                except ValueError:
-                    answer = ("error", "the transform's worker process answered nonsense")
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    answer = ("error", "the transform's output could not be read back")
+                with self.lock:
+                    then, _, _ = self.waiting.popleft()
                 _tell(then, answer)
+                # The next call's time starts now, not before this one's caller ran.
+                answered = time.monotonic()
                 if answer[0] == "memory":  # it exits: the calls behind ask again
                     self._end(None)
                     return
@@ -163,8 +179,8 @@ class _Worker:
                 return
             self.dead = True
             waiting, self.waiting = list(self.waiting), collections.deque()
-        self.kill()
         self.pool.replace(self)
+        self.kill()
         for n, (then, _, request) in enumerate(waiting):
             if (n == 0 or not again) and head_answer is not None:
                 _tell(then, head_answer)
@@ -178,7 +194,11 @@ class _Worker:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self.process.wait()
-        self.process.stdin.close()
+        # Closed once no write is under way (a blocked one fails now the process is
+        # gone): a sender holding the number of a closed descriptor would write its
+        # request into whatever pipe took the number next.
+        with self.write_lock:
+            self.process.stdin.close()
         self.process.stdout.close()
 
 
@@ -228,8 +248,8 @@ class _Spawner:
                         close_fds=True,
                     )
                 )
-            except OSError as exc:
-                box.put(exc)
+            except Exception as exc:  # the spawner must outlive any failure
+                box.put(exc if isinstance(exc, OSError) else OSError(str(exc)))
 
 
 class Pool:

@@ -67,6 +67,9 @@ def test_a_key_still_being_answered_or_malformed(alice):
     IdempotentRequest.objects.update(status_code=None)  # as while the first is answered
     assert post(client, "webhooks/", {"name": "busy"}, "busy").status_code == 409
     assert Webhook.objects.filter(name="busy").count() == 1
+    # A first request that never finished (its worker killed) lets the key go.
+    IdempotentRequest.objects.update(created_at=timezone.now() - datetime.timedelta(minutes=3))
+    assert post(client, "webhooks/", {"name": "busy"}, "busy").status_code == 201
     bad = post(client, "webhooks/", {"name": "n"}, "é" * 3)
     assert bad.status_code == 400
     assert "Idempotency-Key" in bad.json()["fields"]
