@@ -309,6 +309,14 @@ class ReplayRequest(EventSelection):
         return attrs
 
 
+def cleaned_by(clean, value):
+    """`value` as the model-side `clean` returns it; its messages as the field's."""
+    try:
+        return clean(value)
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(exc.messages) from None
+
+
 class PreviewRequestSerializer(RefusesUnknown, serializers.Serializer):
     event = serializers.IntegerField(help_text="A stored event of the target's webhook.")
     transform = serializers.CharField(
@@ -324,10 +332,7 @@ class PreviewRequestSerializer(RefusesUnknown, serializers.Serializer):
     )
 
     def validate_filters(self, value):
-        try:
-            return clean_filters(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from None
+        return cleaned_by(clean_filters, value)
 
 
 class PreviewSerializer(serializers.Serializer):
@@ -357,10 +362,7 @@ class ResendSerializer(RefusesUnknown, serializers.Serializer):
     )
 
     def validate_headers(self, value):
-        try:
-            return clean_header_lines(value)
-        except DjangoValidationError as exc:
-            raise serializers.ValidationError(exc.messages) from None
+        return cleaned_by(clean_header_lines, value)
 
 
 class PauseSerializer(RefusesUnknown, serializers.Serializer):
