@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from deliveries import targets, verification, wake
 from deliveries.engine.backoff import clean_schedule
+from deliveries.fields import EncryptedJSONField, EncryptedTextField, EncryptedURLField
 from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
 from deliveries.targets.base import FAILURES, require_url
@@ -55,7 +56,7 @@ class Webhook(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(36_500)],
         help_text="Events older than this are pruned with their deliveries.",
     )
-    alert_url = models.URLField(
+    alert_url = EncryptedURLField(
         blank=True,
         max_length=500,
         help_text="Optional Slack-compatible incoming-webhook URL for alerts about this "
@@ -112,7 +113,7 @@ class Entrypoint(models.Model):
         "answered 401 and stores nothing.",
     )
     # The preset's settings, e.g. {"secret": "..."} (see deliveries/verification.py).
-    verification_config = models.JSONField(default=dict, blank=True)
+    verification_config = EncryptedJSONField(default=dict, blank=True)
     dedup = models.BooleanField(
         default=False,
         help_text="Store a provider's event only once: a repeat of its event id, while "
@@ -255,7 +256,8 @@ class Target(models.Model):
     name = models.CharField(max_length=200)
     type = models.CharField(max_length=16, choices=Type.choices, default=Type.HTTP)
     active = models.BooleanField(default=True)
-    config = models.JSONField(default=dict, blank=True)
+    # The URL, header values, a Slack webhook URL: credentials, encrypted at rest.
+    config = EncryptedJSONField(default=dict, blank=True)
     # New targets retry (with backoff, behind the breaker): a receiver that is down
     # for a moment must not lose events.
     max_retries = models.PositiveIntegerField(
@@ -308,10 +310,10 @@ class Target(models.Model):
         "receivers that refuse unknown headers.",
     )
     # The current Standard Webhooks secret (whsec_...), made when the target is.
-    signing_secret = models.CharField(max_length=100, default=new_secret, editable=False)
+    signing_secret = EncryptedTextField(default=new_secret, editable=False)
     # The secret the last rotation replaced: still signed with until
     # secret_rotated_at + SIGNING_ROTATION_OVERLAP, so receivers can switch over.
-    previous_signing_secret = models.CharField(max_length=100, blank=True, editable=False)
+    previous_signing_secret = EncryptedTextField(blank=True, editable=False)
     secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
     # When the current run of failed attempts began (None: the last one succeeded).
     # Written by the engine on transitions only; auto-disable reads it.

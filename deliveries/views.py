@@ -10,6 +10,7 @@ from django.views.decorators.csrf import csrf_exempt
 from deliveries import ingest, metrics, verification
 from deliveries.models import Rejection
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
+from webhooker import encryption
 from webhooker.request_context import GONE, RAW_HEADERS
 
 logger = logging.getLogger(__name__)
@@ -89,6 +90,13 @@ def receive(request, code):
 def _store(request, entrypoint, body):
     header = _header_lookup(request.META)
     if entrypoint.verification != "none":
+        if encryption.unreadable(entrypoint.verification_config):
+            # Nothing stored, nothing rejected: the sender retries, and the event is
+            # taken once the key is back (the entrypoint's page says what is wrong).
+            logger.error(
+                "entrypoint %s: its verification secret %s", entrypoint.id, encryption.PROBLEM
+            )
+            return _unavailable("this entrypoint cannot verify requests right now, retry later")
         try:
             verification.check(
                 entrypoint.verification, entrypoint.verification_config, header, body, time.time()

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import environ
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -69,20 +70,17 @@ def _rate(name, default):
     return value
 
 
-def _secret_key(data_dir):
-    """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key.
+def _generated(data_dir, name, make):
+    """The contents of DATA_DIR/<name>, generated once by `make()` on a fresh DATA_DIR.
 
-    The only file settings write, and only on a fresh DATA_DIR: every process (each
-    gunicorn worker, the engine, every command) needs the same key before Django
-    starts, and the first of them to load settings is the only one that can make it.
-    The key is written to a private temporary file and then hard-linked into place,
-    which fails if the file exists: gunicorn workers and rundelivery starting at the
-    same moment all end up reading the one complete key that won.
+    The only files settings write: every process (each gunicorn worker, the engine,
+    every command) needs the same keys before Django starts, and the first of them
+    to load settings is the only one that can make them. The value is written to a
+    private temporary file and then hard-linked into place, which fails if the file
+    exists: gunicorn workers and rundelivery starting at the same moment all end up
+    reading the one complete value that won.
     """
-    key = env.str("SECRET_KEY", default="")
-    if key:
-        return key
-    path = data_dir / "secret_key"
+    path = data_dir / name
     if not path.exists():
         try:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -90,19 +88,45 @@ def _secret_key(data_dir):
             raise ImproperlyConfigured(
                 f"DATA_DIR={str(data_dir)!r} cannot be created: {exc}"
             ) from None
-        fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=".secret_key.")  # mode 0600
+        fd, tmp = tempfile.mkstemp(dir=data_dir, prefix=f".{name}.")  # mode 0600
         with os.fdopen(fd, "w") as fh:
-            fh.write(secrets.token_urlsafe(50) + "\n")
+            fh.write(make() + "\n")
         try:
             os.link(tmp, path)
         except FileExistsError:
             pass
         finally:
             os.unlink(tmp)
-    key = path.read_text().strip()
-    if not key:
-        raise ImproperlyConfigured(f"{path} is empty; delete it to generate a new key")
-    return key
+    value = path.read_text().strip()
+    if not value:
+        raise ImproperlyConfigured(f"{path} is empty; delete it to generate a new one")
+    return value
+
+
+def _secret_key(data_dir):
+    """SECRET_KEY from the environment, else generated once into DATA_DIR/secret_key."""
+    return env.str("SECRET_KEY", default="") or _generated(
+        data_dir, "secret_key", lambda: secrets.token_urlsafe(50)
+    )
+
+
+def _encryption_keys(data_dir):
+    """The Fernet keys secrets are encrypted with at rest (webhooker/encryption.py):
+    WEBHOOKER_ENCRYPTION_KEYS, comma-separated (the first encrypts, all decrypt),
+    else one generated once into DATA_DIR/encryption_keys."""
+    keys = _list("WEBHOOKER_ENCRYPTION_KEYS") or [
+        _generated(data_dir, "encryption_keys", lambda: Fernet.generate_key().decode())
+    ]
+    for n, key in enumerate(keys, 1):
+        try:
+            Fernet(key)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"encryption key {n} is not a Fernet key (32 url-safe base64-encoded bytes; "
+                "make one with: python3 -c 'import base64, os; "
+                "print(base64.urlsafe_b64encode(os.urandom(32)).decode())')"
+            ) from None
+    return keys
 
 
 ENVIRONMENT = _choice("WEBHOOKER_ENVIRONMENT", "dev", ("dev", "prod"))
@@ -113,6 +137,7 @@ DEBUG = not PRODUCTION and env.bool("DEBUG", default=True)
 DATA_DIR = Path(env.str("DATA_DIR", default="/data" if PRODUCTION else str(BASE_DIR / "data")))
 
 SECRET_KEY = _secret_key(DATA_DIR)
+ENCRYPTION_KEYS = _encryption_keys(DATA_DIR)
 
 # Prometheus counters are shared by gunicorn's workers and the engine through
 # files here (prometheus-client's multiprocess mode). prometheus_client reads the

@@ -24,7 +24,9 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from unfold.admin import ModelAdmin, TabularInline
 
 from deliveries import export
+from deliveries.fields import EncryptedTextField
 from deliveries.models import Delivery
+from webhooker import encryption
 
 _COLOURS = {
     Delivery.Status.PENDING: "#6b7280",
@@ -220,7 +222,24 @@ class OwnedAdmin(ModelAdmin):
             # The admin would redirect with "doesn't exist"; another user's
             # object must look exactly like one that does not exist at all.
             raise Http404("No such object.")
+        if request.method == "GET":
+            warn_unreadable(request, obj)
         return obj
+
+
+def warn_unreadable(request, obj) -> None:
+    """Say on the object's page which of its secrets no encryption key opens: they
+    are used by nothing (a target's deliveries fail in words) until the key is back
+    or they are entered again."""
+    for field in obj._meta.concrete_fields:
+        if isinstance(field, EncryptedTextField) and encryption.unreadable(
+            getattr(obj, field.attname)
+        ):
+            messages.error(
+                request,
+                f"Its {field.verbose_name} {encryption.PROBLEM}. Until the key is back, or "
+                "the value is entered again and saved, it is not used.",
+            )
 
 
 class ExportsList:

@@ -3,7 +3,7 @@ curl to try them on top, entrypoints and targets inline."""
 
 from django.contrib import admin
 from django.contrib.admin.options import IS_POPUP_VAR
-from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery, URLField
+from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
@@ -15,6 +15,7 @@ from deliveries.admin import health
 from deliveries.admin.base import OwnedAdmin, OwnerMixin, copyable_text, posted_urls
 from deliveries.admin.filters import HealthFilter
 from deliveries.admin.targets import TargetInline
+from deliveries.fields import EncryptedURLField
 from deliveries.models import Delivery, Entrypoint, Event, Webhook
 from deliveries.targets.base import TargetURLField
 
@@ -82,7 +83,7 @@ class WebhookAdmin(OwnerMixin, OwnedAdmin):
     search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
     # The alert URL is checked as target URLs are: its scheme typed out.
-    formfield_overrides = {URLField: {"form_class": TargetURLField}}
+    formfield_overrides = {EncryptedURLField: {"form_class": TargetURLField}}
     owner_help_text = "Who sees and manages this webhook (empty: you)."
 
     class Media:

@@ -15,6 +15,7 @@ from deliveries.engine.backoff import retry_delay, scheduled_delay
 from deliveries.engine.task import Task
 from deliveries.models import Delivery
 from deliveries.targets import TARGET_TYPES, Outcome
+from webhooker import encryption
 
 logger = logging.getLogger("deliveries.engine")
 FILTERS_DID_NOT_MATCH = "the target's filters did not match"
@@ -97,6 +98,14 @@ def transform_failed(task: Task, error: str, start: float) -> AttemptResult:
         success=False, error=f"transform failed: {error}", permanent=True, failure="transform"
     )
     return conclude(task, outcome, start, base=0, cap=0)
+
+
+def unreadable(task: Task, what: str, *, base: float, cap: float) -> AttemptResult:
+    """The target's stored secrets cannot be decrypted (encryption.Unreadable): an
+    attempt that sends nothing and fails in words, retried as usual (the key may be
+    put back in time), never counted by the breaker (it is not the receiver's)."""
+    outcome = Outcome(success=False, error=f"{what} {encryption.PROBLEM}", failure="config")
+    return conclude(task, outcome, time.monotonic(), base=base, cap=cap)
 
 
 def call_target(task: Task, body: bytes) -> Outcome:

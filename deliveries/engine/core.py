@@ -275,6 +275,16 @@ class Engine:
             self.release(task)
             return False
         task.target = state
+        if state.unreadable:
+            self.finish(
+                attempts.unreadable(
+                    task,
+                    state.unreadable,
+                    base=self.config.backoff_base,
+                    cap=self.config.backoff_cap,
+                )
+            )
+            return False
         # Filters, then the transform: before the breaker and the rate limit, so an
         # event the target does not take holds neither a probe nor a slot. A task
         # back from its transform has been through both.

@@ -15,6 +15,7 @@ import time
 
 from deliveries.models import Target
 from deliveries.targets import TARGET_TYPES
+from webhooker import encryption
 
 # The Target columns an attempt depends on. A target type that needs another
 # column (a signing secret, say) adds it here and reads task.target.<name>.
@@ -54,6 +55,15 @@ class TargetState:
 
     def __repr__(self):
         return f"<TargetState {self.id} {self.type} v{self.updated_at:%H:%M:%S.%f}>"
+
+    @property
+    def unreadable(self) -> str:
+        """Which of its stored secrets no encryption key opens, in words ("" if none)."""
+        if encryption.unreadable(self.config):
+            return "the target's configuration"
+        if encryption.unreadable(self.signing_secret, self.previous_signing_secret):
+            return "the target's signing secret"
+        return ""
 
     @property
     def held(self) -> bool:

@@ -10,7 +10,6 @@ moment ago is obeyed exactly, with no expiry to wait for.
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import uuid
 
@@ -67,6 +66,10 @@ def find_entrypoint(code: uuid.UUID, *, fresh: bool = False) -> Inbound | None:
     return inbound
 
 
+# Stored encrypted (deliveries/fields.py): read as the model reads it.
+_config = Entrypoint._meta.get_field("verification_config")
+
+
 def _read_entrypoint(code: uuid.UUID) -> Inbound | None:
     t = tables()
     sql = (
@@ -88,7 +91,9 @@ def _read_entrypoint(code: uuid.UUID) -> Inbound | None:
         active=bool(row[3]),
         code=code,
         verification=preset,
-        verification_config={} if preset == "none" else json.loads(config_text),
+        verification_config={}
+        if preset == "none"
+        else _config.from_db_value(config_text, None, None),
         dedup=bool(dedup),
         id_source=verification.id_source(preset, dedup_source),
         as_read=(preset, config_text, dedup, dedup_source),

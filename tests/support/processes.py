@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
+from django.conf import settings
 from django.db import connection
 
 from deliveries.management.commands.serve import gunicorn_command, rundelivery_command
@@ -59,6 +60,9 @@ def process_env(data_dir, **extra) -> dict:
         DJANGO_SETTINGS_MODULE=os.environ.get("DJANGO_SETTINGS_MODULE", "webhooker.settings"),
         PYTHONUNBUFFERED="1",
         WEBHOOKER_ALLOWED_TARGET_NETWORKS="127.0.0.0/8",
+        # This process's keys: what the test writes, the processes read, as the
+        # processes of one deployment share its DATA_DIR or the variable.
+        WEBHOOKER_ENCRYPTION_KEYS=",".join(settings.ENCRYPTION_KEYS),
     )
     env.update({k: str(v) for k, v in extra.items()})
     return env

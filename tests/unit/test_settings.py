@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from tests.support.processes import ROOT
@@ -26,6 +27,7 @@ def load(monkeypatch, tmp_path):
     def load(**env):
         monkeypatch.delenv("DATABASE_URL", raising=False)
         monkeypatch.delenv("SECRET_KEY", raising=False)
+        monkeypatch.delenv("WEBHOOKER_ENCRYPTION_KEYS", raising=False)
         monkeypatch.setenv("DATA_DIR", str(tmp_path / "d"))
         for name, value in env.items():
             monkeypatch.setenv(name, value)
@@ -108,11 +110,31 @@ def test_sqlite_runs_in_wal_with_immediate_transactions(tmp_path):
 
 
 def test_importing_settings_creates_no_folders(load, tmp_path):
-    load(SECRET_KEY="from-env-" + "x" * 50)
+    load(
+        SECRET_KEY="from-env-" + "x" * 50, WEBHOOKER_ENCRYPTION_KEYS=Fernet.generate_key().decode()
+    )
     assert not (tmp_path / "d").exists()
-    # Without a key in the environment, the key file is the one thing written.
+    # Without keys in the environment, the key files are the one thing written.
     load()
-    assert [p.name for p in (tmp_path / "d").iterdir()] == ["secret_key"]
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["encryption_keys", "secret_key"]
+
+
+def test_encryption_keys_come_from_the_environment_or_are_made_once(load, tmp_path):
+    first, second = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    assert load(WEBHOOKER_ENCRYPTION_KEYS=f"{first}, {second}")["ENCRYPTION_KEYS"] == [
+        first,
+        second,
+    ]
+    made = load()["ENCRYPTION_KEYS"]
+    assert len(made) == 1 and Fernet(made[0])
+    assert load()["ENCRYPTION_KEYS"] == made  # read back, not made again
+    assert (tmp_path / "d" / "encryption_keys").stat().st_mode & 0o077 == 0
+
+
+def test_a_malformed_encryption_key_is_named_in_words(load):
+    key = Fernet.generate_key().decode()
+    with pytest.raises(ImproperlyConfigured, match="encryption key 2 is not a Fernet key"):
+        load(WEBHOOKER_ENCRYPTION_KEYS=f"{key},not-a-key")
 
 
 def test_metrics_files_go_to_data_dir_unless_set(load, monkeypatch, tmp_path):

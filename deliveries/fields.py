@@ -1,0 +1,104 @@
+"""Model fields whose values are stored encrypted (webhooker/encryption.py).
+
+A stored value is a Fernet token in a text column; Python code sees the plain
+value. Tokens differ every time the same value is encrypted, so these columns are
+never looked up by value (the one exception, "", is stored as itself: an empty
+secret says no more than the empty column would). A token no key opens reads back
+as an encryption.Unreadable value, and is written back unchanged when the row is
+saved again. Serialized (dumpdata) values are the tokens, so a dump holds no
+secret either; loading one reads the tokens back.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.apps import apps
+from django.core import validators
+from django.db import models
+
+from webhooker import encryption
+
+
+class EncryptedTextField(models.TextField):
+    """Text stored encrypted."""
+
+    def from_db_value(self, value, expression, connection):
+        if not value:
+            return value
+        try:
+            return self.from_text(encryption.decrypt(value))
+        except encryption.InvalidToken:
+            return self.unreadable(value)
+
+    def from_text(self, text: str):
+        return text
+
+    def to_text(self, value) -> str:
+        return value
+
+    def unreadable(self, token: str):
+        return encryption.Unreadable(token)
+
+    def get_prep_value(self, value):
+        if isinstance(value, encryption.UNREADABLE):
+            return value.token
+        value = super().get_prep_value(value) if not isinstance(value, dict | list) else value
+        if value is None or value == "":
+            return value
+        return encryption.encrypt(self.to_text(value))
+
+    def to_python(self, value):
+        # A token, when a dump is loaded; a plain value from forms and code.
+        if isinstance(value, str) and encryption.is_token(value):
+            try:
+                return self.from_text(encryption.decrypt(value))
+            except encryption.InvalidToken:
+                pass
+        return value
+
+    def value_to_string(self, obj):
+        return self.get_prep_value(self.value_from_object(obj))
+
+
+class EncryptedURLField(EncryptedTextField):
+    """A URL (credentials, tokens in its path) stored encrypted."""
+
+    default_validators = [validators.URLValidator()]
+
+    def formfield(self, **kwargs):
+        if "form_class" not in kwargs:
+            kwargs.update(form_class=forms.URLField, assume_scheme="https")
+        return super().formfield(**kwargs)
+
+
+class EncryptedJSONField(EncryptedTextField):
+    """A JSON value stored encrypted, as its text."""
+
+    def from_text(self, text: str):
+        return json.loads(text)
+
+    def to_text(self, value) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    def unreadable(self, token: str):
+        return encryption.UnreadableDict(token)
+
+    def get_prep_value(self, value):
+        if value is None:
+            return None
+        return super().get_prep_value(value)
+
+    def formfield(self, **kwargs):
+        return super().formfield(**{"form_class": forms.JSONField, **kwargs})
+
+
+def encrypted_fields():
+    """(model, field) for every column stored encrypted, in every installed app."""
+    return [
+        (model, field)
+        for model in apps.get_models()
+        for field in model._meta.concrete_fields
+        if isinstance(field, EncryptedTextField)
+    ]
