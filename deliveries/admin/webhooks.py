@@ -1,6 +1,7 @@
 """Webhooks: the list with counts and health, the page with its inbound URLs and a
 curl to try them on top, entrypoints and targets inline."""
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.options import IS_POPUP_VAR
 from django.db.models import Count, F, Func, IntegerField, OuterRef, Subquery
@@ -76,14 +77,23 @@ def _subcount(queryset):
     return Subquery(counted[:1], output_field=IntegerField())
 
 
+class WebhookForm(forms.ModelForm):
+    def clean_alert_url(self):
+        # Shown with its path masked (TargetURLField): sent back so, the stored one stays.
+        value = self.cleaned_data.get("alert_url")
+        return self.fields["alert_url"].keep_masked(value, self.instance.alert_url)
+
+
 @admin.register(Webhook)
 class WebhookAdmin(OwnerMixin, OwnedAdmin):
+    form = WebhookForm
     list_display = ["name", "health", "events_24h", "failing", "targets_count", "created_at"]
     list_filter = [HealthFilter]
     search_fields = ["name", "description"]
     inlines = [EntrypointInline, TargetInline]
-    # The alert URL is checked as target URLs are: its scheme typed out.
-    formfield_overrides = {EncryptedURLField: {"form_class": TargetURLField}}
+    # The alert URL is checked as target URLs are: its scheme typed out. Its path
+    # is its secret (a Slack incoming webhook's).
+    formfield_overrides = {EncryptedURLField: {"form_class": TargetURLField, "secret_path": True}}
     owner_help_text = "Who sees and manages this webhook (empty: you)."
 
     class Media:

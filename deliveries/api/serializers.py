@@ -17,6 +17,8 @@ from deliveries.api.strict import RefusesUnknown
 from deliveries.filters import clean_filters
 from deliveries.forms import clean_header_lines
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+from deliveries.targets import TARGET_TYPES
+from deliveries.targets.base import keep_masked, mask_url
 from deliveries.transforms import validate_program
 
 
@@ -90,6 +92,25 @@ class WebhookSerializer(ModelCleaned):
             "updated_at",
         ]
         read_only_fields = ["created_at"]
+        extra_kwargs = {
+            "alert_url": {
+                "help_text": "A Slack-compatible incoming-webhook URL; read back with its path "
+                "masked, and sending that back keeps the stored one."
+            }
+        }
+
+    def to_representation(self, obj):
+        data = super().to_representation(obj)
+        data["alert_url"] = mask_url(obj.alert_url, path=True)
+        return data
+
+    def validate(self, attrs):
+        if self.instance is not None and "alert_url" in attrs:
+            stored = self.instance.alert_url
+            attrs["alert_url"] = keep_masked(
+                attrs["alert_url"], mask_url(stored, path=True), stored
+            )
+        return super().validate(attrs)
 
 
 # What an entrypoint's verification secrets read back as.
@@ -159,6 +180,11 @@ class EntrypointSerializer(EntrypointBriefSerializer, ModelCleaned):
         return super().validate(attrs)
 
 
+def _shown_config(type_: str, config):
+    kind = TARGET_TYPES.get(type_)
+    return kind.shown_config(config) if kind is not None and isinstance(config, dict) else {}
+
+
 class TargetSerializer(ModelCleaned):
     webhook = OwnedRelatedField(
         queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
@@ -166,7 +192,9 @@ class TargetSerializer(ModelCleaned):
     config = serializers.JSONField(
         required=False,
         help_text="Per type: http {url, headers?, timeout?}; slack {webhook_url}; "
-        "database and log none.",
+        "database and log none. Read back with its secrets masked (header values, a "
+        "password in the URL, a Slack URL's path); sending a masked value back keeps the "
+        "stored one.",
     )
     clean_exclude = ("webhook",)
     create_only = ("webhook",)
@@ -205,6 +233,18 @@ class TargetSerializer(ModelCleaned):
                 "with; the rotate-secret action makes a new one."
             }
         }
+
+    def to_representation(self, obj):
+        data = super().to_representation(obj)
+        data["config"] = _shown_config(obj.type, obj.config)
+        return data
+
+    def validate(self, attrs):
+        old = self.instance
+        if old is not None and "config" in attrs and attrs.get("type", old.type) == old.type:
+            shown = _shown_config(old.type, old.config)
+            attrs["config"] = keep_masked(attrs["config"], shown, old.config)
+        return super().validate(attrs)
 
 
 class EventSerializer(serializers.ModelSerializer):

@@ -120,6 +120,12 @@ class TargetType:
         """Deliver on the calling thread (transport.SendsHTTP: wait for request())."""
         raise NotImplementedError
 
+    @classmethod
+    def shown_config(cls, config: dict) -> dict:
+        """The config as the API shows it once saved: its secrets masked. Sent back
+        as shown, each masked value keeps the stored one (keep_masked)."""
+        return config
+
     def request(self, task: Task, body: bytes):
         """The HTTP request (transport.Request) that delivers `body`, which the
         engine sends on the HTTP client's loop with thousands in flight; None for a
@@ -174,12 +180,52 @@ def require_url(config: dict, key: str) -> str:
     return value
 
 
+def mask_url(url, *, path=False) -> str:
+    """`url` as shown once saved: a password in it masked, and with `path` its path
+    and query after the first segment too (a Slack webhook URL's path is its secret:
+    https://hooks.slack.com/services/••••••••)."""
+    if not isinstance(url, str) or not url:
+        return url
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{host}"
+    rest = (parts.path, parts.query, parts.fragment)
+    segments = parts.path.strip("/").split("/")
+    if path and (segments != [""] or parts.query):
+        rest = (f"/{segments[0]}/{MASK}" if len(segments) > 1 else f"/{MASK}", "", "")
+    return urllib.parse.urlunsplit((parts.scheme, netloc, *rest))
+
+
+def keep_masked(value, shown, stored):
+    """`value` sent back with what was shown of `stored` left as it was: the stored
+    value in place of its mask, key by key in objects (a header's value)."""
+    if isinstance(value, dict) and isinstance(shown, dict) and isinstance(stored, dict):
+        return {
+            key: keep_masked(item, shown.get(key), stored.get(key)) if key in stored else item
+            for key, item in value.items()
+        }
+    return stored if shown is not None and value == shown and value != stored else value
+
+
 class TargetURLField(forms.CharField):
     """A target URL in the form: http(s), its scheme typed out, any host name the
     SSRF rules allow (a CharField: URLField would add https:// by itself and refuse
-    single-label hosts)."""
+    single-label hosts). Shown with its secrets masked once saved (mask_url, `path`
+    for a URL whose path is the secret); sent back unchanged, it keeps the stored one."""
 
     widget = forms.URLInput(attrs={"size": 60})
+
+    def __init__(self, *, secret_path=False, **kwargs):
+        self.secret_path = secret_path
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value):
+        return mask_url(value, path=self.secret_path)
+
+    def keep_masked(self, value, stored):
+        return keep_masked(value, mask_url(stored, path=self.secret_path), stored)
 
     def validate(self, value):
         super().validate(value)

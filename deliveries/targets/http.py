@@ -13,6 +13,7 @@ from deliveries.targets import transport
 from deliveries.targets.base import (
     MASK,
     TargetURLField,
+    mask_url,
     masked_headers,
     require_url,
 )
@@ -143,6 +144,13 @@ class HttpTarget(transport.SendsHTTP):
         if unknown:
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
         return cleaned
+
+    @classmethod
+    def shown_config(cls, config):
+        shown = {**config, "url": mask_url(config.get("url"))}
+        if config.get("headers"):
+            shown["headers"] = dict.fromkeys(config["headers"], MASK)
+        return shown
 
     @classmethod
     def form_fields(cls):

@@ -2,7 +2,7 @@ import contextlib
 import json
 
 from deliveries.targets import transport
-from deliveries.targets.base import TargetURLField, require_url
+from deliveries.targets.base import TargetURLField, mask_url, require_url
 
 MESSAGE_LIMIT = 3500
 
@@ -36,11 +36,16 @@ class SlackTarget(transport.SendsHTTP):
     def form_fields(cls):
         return {
             "webhook_url": TargetURLField(
+                secret_path=True,
                 label="Slack webhook URL",
                 help_text="Slack targets: the incoming-webhook URL (Slack, Mattermost, …).",
                 error_messages={"required": "A Slack target needs its webhook URL."},
             )
         }
+
+    @classmethod
+    def shown_config(cls, config):
+        return {**config, "webhook_url": mask_url(config.get("webhook_url"), path=True)}
 
     def request(self, task, body):
         # A transform's output is the message itself (Slack's {"text": ...} or

@@ -258,3 +258,66 @@ def test_the_migration_encrypts_what_was_stored_in_plain_text_and_back(user, key
         }
     finally:
         MigrationExecutor(connection).migrate(latest)
+
+
+def test_the_api_never_reads_back_a_saved_secret_and_a_masked_value_sent_back_keeps_it(user, keys):
+    from tests.support.api import client_of
+
+    every_secret(user)
+    api = client_of(user)
+    http = Target.objects.get(name="http")
+    shown = api.get(f"/api/v1/targets/{http.pk}/").json()
+    assert shown["config"] == {
+        "url": "https://user:••••••••@example.com/in",
+        "headers": {"Authorization": "••••••••"},
+    }
+    slack = api.get(f"/api/v1/targets/{Target.objects.get(name='slack').pk}/").json()
+    assert slack["config"] == {"webhook_url": "https://hooks.slack.com/services/••••••••"}
+    hook = api.get(f"/api/v1/webhooks/{Webhook.objects.get().pk}/").json()
+    assert hook["alert_url"] == "https://hooks.slack.com/services/••••••••"
+    # What was read, sent back with one header more: the secrets stay as stored.
+    config = {**shown["config"], "headers": {**shown["config"]["headers"], "X-New": "v"}}
+    assert (
+        api.patch(f"/api/v1/targets/{http.pk}/", {"config": config}, format="json").status_code
+        == 200
+    )
+    assert Target.objects.get(pk=http.pk).config == {
+        "url": f"https://user:{URL_PASSWORD}@example.com/in",
+        "headers": {"Authorization": HEADER, "X-New": "v"},
+    }
+    assert (
+        api.patch(
+            f"/api/v1/webhooks/{hook['id']}/",
+            {"alert_url": hook["alert_url"], "name": "x"},
+            format="json",
+        ).status_code
+        == 200
+    )
+    assert Webhook.objects.get().alert_url == ALERT
+    # A new value replaces it.
+    api.patch(
+        f"/api/v1/targets/{http.pk}/", {"config": {"url": "https://example.com/new"}}, format="json"
+    )
+    assert Target.objects.get(pk=http.pk).config == {"url": "https://example.com/new"}
+
+
+def test_the_console_shows_urls_with_their_secrets_masked_and_keeps_them_on_save(alice, keys):
+    from tests.support.admin import target_form_data
+
+    hook = Webhook.objects.create(name="w", owner=alice, alert_url=ALERT)
+    target = Target.objects.create(
+        webhook=hook, name="slack", type="slack", config={"webhook_url": SLACK}
+    )
+    client = client_for(alice)
+    page = client.get(reverse("admin:deliveries_target_change", args=[target.pk])).content.decode()
+    assert SLACK not in page and "https://hooks.slack.com/services/••••••••" in page
+    page = client.get(reverse("admin:deliveries_webhook_change", args=[hook.pk])).content.decode()
+    assert ALERT not in page
+    data = target_form_data(
+        "", type="slack", webhook_url="https://hooks.slack.com/services/••••••••", name="renamed"
+    )
+    data["webhook"] = hook.pk
+    response = client.post(reverse("admin:deliveries_target_change", args=[target.pk]), data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    target.refresh_from_db()
+    assert (target.name, target.config) == ("renamed", {"webhook_url": SLACK})
