@@ -40,6 +40,7 @@ class RequestIdMiddleware:
 @receiver(request_finished)
 def _request_served(sender, **kwargs):
     request_context.request_id.set(None)
+    request_context.api_key.set(None)
 
 
 @functools.lru_cache(maxsize=8)

@@ -10,12 +10,13 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from deliveries import targets, verification, wake
+from deliveries import audit, targets, verification, wake
+from deliveries.audit import Audited
 from deliveries.engine.backoff import clean_schedule
 from deliveries.fields import EncryptedJSONField, EncryptedTextField, EncryptedURLField
 from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
-from deliveries.targets.base import FAILURES, require_url
+from deliveries.targets.base import FAILURES, MASK, require_url
 from deliveries.transforms import validate_program
 
 # "Receiver: timed out", "webhooker: transform failed", ...
@@ -46,7 +47,7 @@ class WebhookQuerySet(OwnedQuerySet):
     owner_path = "owner"
 
 
-class Webhook(models.Model):
+class Webhook(Audited, models.Model):
     code = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     name = models.CharField(max_length=200)
     description = models.TextField(blank=True)
@@ -90,7 +91,7 @@ class EntrypointQuerySet(OwnedQuerySet):
     owner_path = "webhook__owner"
 
 
-class Entrypoint(models.Model):
+class Entrypoint(Audited, models.Model):
     webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="entrypoints")
     code = models.UUIDField(
         default=uuid.uuid4,
@@ -239,13 +240,25 @@ class TargetQuerySet(OwnedQuerySet):
     def _change(self, *, now, **values) -> int:
         # updated_at is the version the engine watches: bump it with the change.
         with transaction.atomic(using=self.db):
+            before = list(self.select_related("webhook"))
             changed = self.update(updated_at=now, **values)
             if changed:
                 wake.notify_on_commit(connections[self.db])
+                # update() sends no signals: the audit log is told here, in the same
+                # transaction, whoever paused (a user, or the engine by itself).
+                for target in before:
+                    audit.record(
+                        target,
+                        {
+                            name: [str(getattr(target, name)), str(value)]
+                            for name, value in values.items()
+                            if getattr(target, name) != value
+                        },
+                    )
         return changed
 
 
-class Target(models.Model):
+class Target(Audited, models.Model):
     # One member per type of the target registry, the one list of them:
     # Target.Type.HTTP == "http", labelled "HTTP endpoint".
     Type = models.TextChoices(
@@ -384,6 +397,7 @@ class Target(models.Model):
             updated_at=now,
         )
         wake.notify_on_commit(connections[self._state.db])
+        audit.record(self, {"signing_secret": [MASK, "rotated"]})
         self.refresh_from_db(
             fields=["signing_secret", "previous_signing_secret", "secret_rotated_at", "updated_at"]
         )
@@ -941,7 +955,7 @@ class ApiKeyQuerySet(OwnedQuerySet):
         return self.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
-class ApiKey(models.Model):
+class ApiKey(Audited, models.Model):
     """A user's key to the REST API: it acts as its user, under the same ownership
     rule as the admin. Only a SHA-256 digest is stored: the key is 256 random bits,
     so a slow password hash would add nothing but a cost to every API request."""

@@ -32,6 +32,7 @@ from collections import Counter
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from deliveries import audit
 from deliveries.models import Delivery, DeliveryResult, Event, IdempotentRequest, Webhook
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,7 @@ def prune_events(
     removed["idempotency keys"] = IdempotentRequest.objects.filter(
         created_at__lt=now - IdempotentRequest.KEPT
     ).delete()[0]
+    removed["audit entries"] = audit.prune(now)
     if removed["events"]:
         give_back_space(stop)
     return removed

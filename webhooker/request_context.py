@@ -24,3 +24,7 @@ request_arrived: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 # The id of the request this thread serves (deliveries.middleware.RequestIdMiddleware):
 # its answer's X-Request-Id, on every log line it writes, stored with its event.
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("request_id", default=None)
+
+# The API key (its name and prefix) that authenticated the request this thread
+# serves, if one did (deliveries.api.auth): audit entries keep it.
+api_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("api_key", default=None)

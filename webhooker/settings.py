@@ -170,6 +170,8 @@ INSTALLED_APPS = [
     "drf_spectacular",
     # Swagger UI's files, served from here: the docs page loads nothing from the internet.
     "drf_spectacular_sidecar",
+    # The audit log (deliveries/audit.py).
+    "auditlog",
     "deliveries",
 ]
 
@@ -187,6 +189,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # Who, from where, with which request id: stamped on audit entries.
+    "deliveries.audit.AuditMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes requires: it answers 429 to a throttled login.
     "axes.middleware.AxesMiddleware",
@@ -360,6 +364,12 @@ METRICS_PASSWORD = env.str("METRICS_PASSWORD", default="")
 # Seconds a rotated-out signing secret still signs deliveries beside the new one:
 # a day lets receivers deploy the new secret without rejecting anything meanwhile.
 SIGNING_ROTATION_OVERLAP = _number("SIGNING_ROTATION_OVERLAP", 86_400.0, cast=float, minimum=0)
+
+# --- Audit log (django-auditlog; deliveries/audit.py) ------------------------------
+# Entries older than this are deleted with the daily prune.
+AUDIT_RETENTION_DAYS = _number("AUDIT_RETENTION_DAYS", 365, minimum=1)
+# An entry's correlation id is its request's id (X-Request-Id), not a header of its own.
+AUDITLOG_CID_GETTER = "deliveries.audit.request_id"
 
 # --- Delivery engine (docs/architecture.md, The engine); read when it is built -------------
 DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 4, minimum=1)

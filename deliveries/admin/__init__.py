@@ -14,6 +14,7 @@ from django.contrib import admin
 # Each module registers its model's admin (@admin.register) when imported.
 from deliveries.admin import (  # noqa: F401
     alerts,
+    audit,
     deliveries,
     entrypoints,
     events,

@@ -14,6 +14,7 @@ CONSOLE = [
     ("Rejected requests", "block", "deliveries", "rejection"),
     ("Alerts", "notifications", "deliveries", "alert"),
     ("API keys", "key", "deliveries", "apikey"),
+    ("Audit log", "history", "auditlog", "logentry"),
 ]
 ACCOUNTS = [
     ("Users", "person", "auth", "user"),

@@ -5,6 +5,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from deliveries.models import ApiKey
+from webhooker import request_context
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -27,6 +28,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if api_key is None or not api_key.user.is_active:
             raise exceptions.AuthenticationFailed("Invalid, revoked or expired API key.")
         api_key.touch(now)
+        request_context.api_key.set(str(api_key))
         return api_key.user, api_key
 
     def authenticate_header(self, request):

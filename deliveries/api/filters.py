@@ -178,3 +178,42 @@ def _as_text(errors) -> str:
         text = " ".join(map(str, messages))
         parts.append(text if name == "non_field_errors" else f"--{name.replace('_', '-')}: {text}")
     return " ".join(parts)
+
+
+# The audit log's object types, by the names the API uses for them.
+AUDITED = {
+    "webhook": "webhook",
+    "entrypoint": "entrypoint",
+    "target": "target",
+    "api_key": "apikey",
+    "user": "user",
+}
+
+
+class AuditFilter(QueryFilter):
+    lookups = {
+        "object_type": "content_type__model",
+        "object_id": "object_id",
+        "action": "action",
+        "since": "timestamp__gte",
+        "until": "timestamp__lt",
+    }
+    object_type = serializers.ChoiceField(
+        choices=list(AUDITED), required=False, help_text="Only entries about this kind of object."
+    )
+    object_id = id_field("Only entries about the object with this id (with object_type).")
+    action = serializers.ChoiceField(
+        choices=["create", "update", "delete"],
+        required=False,
+        help_text="Only this kind of change.",
+    )
+    since = serializers.DateTimeField(
+        required=False, help_text="Made at or after this time (ISO 8601; UTC if no zone)."
+    )
+    until = serializers.DateTimeField(required=False, help_text="Made before this time.")
+
+    def validate_object_type(self, value):
+        return AUDITED[value]
+
+    def validate_action(self, value):
+        return ["create", "update", "delete"].index(value)

@@ -4,6 +4,7 @@ SSRF checks, filters): the rules exist once, in the models and target types."""
 
 import copy
 
+from auditlog.models import LogEntry
 from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
@@ -12,7 +13,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from deliveries import verification
-from deliveries.api.filters import EventSelection
+from deliveries.api.filters import AUDITED, EventSelection
 from deliveries.api.strict import RefusesUnknown
 from deliveries.filters import clean_filters
 from deliveries.forms import clean_header_lines
@@ -422,3 +423,54 @@ class RedeliveredSerializer(QueuedSerializer):
 class ReplayedSerializer(QueuedSerializer):
     redelivered = serializers.IntegerField(help_text="Finished deliveries set back to pending.")
     created = serializers.IntegerField(help_text="New deliveries, for targets added since.")
+
+
+class AuditEntrySerializer(serializers.ModelSerializer):
+    """One create, change or delete (deliveries/audit.py); secrets masked."""
+
+    action = serializers.SerializerMethodField(help_text="create, update or delete.")
+    object_type = serializers.SerializerMethodField(
+        help_text="webhook, entrypoint, target, api_key or user."
+    )
+    changes = serializers.SerializerMethodField(
+        help_text="{field: [before, after]}, as text; secrets masked."
+    )
+    actor = serializers.SerializerMethodField(
+        help_text="Who made it (null: a command or the engine)."
+    )
+    api_key = serializers.SerializerMethodField(help_text="The API key used, if one was.")
+    request_id = serializers.CharField(
+        source="cid", allow_null=True, help_text="The request's X-Request-Id (null: no request)."
+    )
+
+    class Meta:
+        model = LogEntry
+        fields = [
+            "id",
+            "timestamp",
+            "action",
+            "object_type",
+            "object_id",
+            "object_repr",
+            "changes",
+            "actor",
+            "api_key",
+            "remote_addr",
+            "request_id",
+        ]
+
+    def get_action(self, entry) -> str:
+        return ["create", "update", "delete", "access"][entry.action]
+
+    def get_object_type(self, entry) -> str:
+        names = {model: name for name, model in AUDITED.items()}
+        return names.get(entry.content_type.model, entry.content_type.model)
+
+    def get_changes(self, entry) -> dict:
+        return entry.changes_dict
+
+    def get_actor(self, entry) -> str | None:
+        return entry.actor.get_username() if entry.actor is not None else None
+
+    def get_api_key(self, entry) -> str | None:
+        return (entry.additional_data or {}).get("api_key")

@@ -12,6 +12,7 @@ router.register("entrypoints", views.EntrypointViewSet, basename="entrypoint")
 router.register("targets", views.TargetViewSet, basename="target")
 router.register("events", views.EventViewSet, basename="event")
 router.register("deliveries", views.DeliveryViewSet, basename="delivery")
+router.register("audit", views.AuditViewSet, basename="audit")
 
 urlpatterns = [
     *router.urls,

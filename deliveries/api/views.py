@@ -17,11 +17,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
 
-from deliveries import export
+from deliveries import audit, export
 from deliveries.api import idempotency
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
 from deliveries.api.filters import (
+    AuditFilter,
     DeliveryFilter,
     DeliverySelection,
     EventFilter,
@@ -365,3 +366,20 @@ class DeliveryViewSet(ExportMixin, ReadOnlyViewSet):
 def not_found(request, *args, **kwargs):
     """Any other path under /api/v1/: the API's 404, not an HTML page."""
     return JsonResponse({"error": "Not found.", "fields": {}}, status=404)
+
+
+class AuditViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The audit log: every create, change and delete of webhooks, entrypoints,
+    targets, API keys and users, newest first. A superuser reads every entry; anyone
+    else those about their own objects (deleted ones too) and those they made."""
+
+    serializer_class = s.AuditEntrySerializer
+    list_filter = AuditFilter  # documented in the schema (schema.py)
+
+    def get_queryset(self):
+        params = self.list_filter(
+            data=self.request.query_params,
+            context={"also_known": (self.paginator.cursor_query_param, "limit")},
+        )
+        entries = audit.visible_to(self.request.user).select_related("actor", "content_type")
+        return params.apply(entries)

@@ -4,6 +4,7 @@ with a revoked or expired key and over the throttle; then each resource and acti
 import datetime
 
 import pytest
+from auditlog.models import LogEntry
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -38,6 +39,13 @@ def theirs(bob):
     return world_ids(bob, "bob-hook")
 
 
+def audited_for(response) -> set:
+    """Whose objects the audit entries listed are about."""
+    assert response.status_code == 200, response.content
+    ids = [row["id"] for row in listed_rows(response)]
+    return {entry.additional_data["owner"] for entry in LogEntry.objects.filter(pk__in=ids)}
+
+
 def assert_error(response, status):
     assert response.status_code == status, response.content
     body = response.json()
@@ -52,7 +60,9 @@ def assert_error(response, status):
 def test_the_owner_can(call, alice, mine, theirs):
     response = call.send(client_of(alice), mine)
     assert response.status_code == call.status, response.content
-    if call.method == "get" and "{" not in call.path:
+    if call.name == "audit_list":
+        assert audited_for(response) == {alice.pk}  # none of bob's
+    elif call.method == "get" and "{" not in call.path:
         listed = {row["id"] for row in listed_rows(response)}
         assert listed and listed <= set(mine.values())  # none of bob's
 
@@ -66,6 +76,8 @@ def test_another_user_sees_nothing_and_changes_nothing(call, alice, bob, mine):
     elif call.name in ("entrypoints_create", "targets_create"):
         body = assert_error(response, 400)
         assert "does not exist" in body["fields"]["webhook"][0]
+    elif call.name == "audit_list":
+        assert audited_for(response) == {bob.pk}  # his own key's creation, none of alice's
     elif call.method == "get":
         assert response.status_code == 200
         assert listed_rows(response) == []

@@ -152,6 +152,7 @@ CALLS = [
         lambda ids: {"ids": [ids["delivery"]]},
     ),
     Call("deliveries_retry", "post", "deliveries/{delivery}/retry/"),
+    Call("audit_list", "get", "audit/"),
 ]
 
 
