@@ -11,7 +11,9 @@ from django.contrib import messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.templatetags.admin_urls import admin_urlname
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.contrib.contenttypes.models import ContentType
 from django.core.paginator import InvalidPage, Paginator
 from django.forms import Media
 from django.http import Http404, HttpResponseRedirect
@@ -20,10 +22,11 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
-from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from unfold.admin import ModelAdmin, TabularInline
 
 from deliveries import export
+from deliveries.audit import Audited
 from deliveries.fields import EncryptedTextField
 from deliveries.models import Delivery
 from webhooker import encryption
@@ -215,6 +218,18 @@ class OwnedAdmin(ModelAdmin):
             return super().changelist_view(request, extra_context)
         except PastTheEnd as past:
             return HttpResponseRedirect(past.url)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # The History button, on the pages of the objects the audit log records.
+        extra_context = {**(extra_context or {}), "show_history": issubclass(self.model, Audited)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def history_view(self, request, object_id, extra_context=None):
+        """An object's history: the audit log narrowed to it (admin/audit.py)."""
+        obj = self.get_object(request, unquote(object_id))
+        content_type = ContentType.objects.get_for_model(self.model)
+        query = urlencode({"content_type": content_type.pk, "object_id": obj.pk})
+        return HttpResponseRedirect(f"{reverse('admin:auditlog_logentry_changelist')}?{query}")
 
     def get_object(self, request, object_id, from_field=None):
         obj = super().get_object(request, object_id, from_field)

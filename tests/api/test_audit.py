@@ -132,3 +132,15 @@ def test_entries_are_kept_for_the_retention_period(alice, settings):
     assert list(LogEntry.objects.get_for_model(Webhook).values_list("object_repr", flat=True)) == [
         "new"
     ]
+
+
+def test_an_objects_page_links_to_its_history(alice, bob):
+    hook = Webhook.objects.create(name="w", owner=alice)
+    target = Target.objects.create(webhook=hook, name="t", config={"url": "https://example.com/in"})
+    page = client_for(alice).get(reverse("admin:deliveries_target_change", args=[target.pk]))
+    history = reverse("admin:deliveries_target_history", args=[target.pk])
+    assert history in page.content.decode()
+    response = client_for(alice).get(history, follow=True)
+    assert [e.object_id for e in response.context["cl"].result_list] == [target.pk]
+    # Another user's object's history is no more there than the object.
+    assert client_for(bob).get(history).status_code == 404
