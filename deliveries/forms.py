@@ -21,6 +21,7 @@ from unfold.widgets import (
 from deliveries import verification
 from deliveries.models import Entrypoint, Event, Target
 from deliveries.targets import TARGET_TYPES, clean_config
+from deliveries.targets.base import MASK
 
 # {type: {config key: form field}}. A field marked required there is required when
 # its type is chosen; in the form every one is optional.
@@ -156,7 +157,8 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         super().__init__(*args, **kwargs)
         config = self.instance.config or {}
         for name in _ConfigFields.base_fields.keys() & config.keys():
-            self.initial.setdefault(name, config[name])
+            secret = getattr(_ConfigFields.base_fields[name], "secret", False)
+            self.initial.setdefault(name, MASK if secret and config[name] else config[name])
         self.fields["type"].widget.attrs["data-target-type"] = "1"
         if self.instance.webhook_id:
             # The "deliver only these event types" shortcut offers what it has seen.

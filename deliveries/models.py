@@ -908,6 +908,7 @@ class Alert(models.Model):
     class Kind(models.TextChoices):
         PAUSED = "paused", "Target paused itself"
         BREAKER = "breaker", "Circuit breaker stuck open"
+        CERTIFICATE = "certificate", "Client certificate expiring"
 
     # At most one alert per target in this long.
     INTERVAL = 3600

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import secrets
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import environ
@@ -383,6 +384,14 @@ DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 10, minimum
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
 # A PEM bundle of the CAs that https targets may present (a private CA inside the
 # network); empty: the public roots.
+# A forward proxy every http and Slack delivery goes through (a target may name its
+# own): http://[user:password@]host:port; https destinations are tunnelled (CONNECT).
+DELIVERY_PROXY = env.str("DELIVERY_PROXY", default="")
+_proxy = urllib.parse.urlsplit(DELIVERY_PROXY)
+if DELIVERY_PROXY and (_proxy.scheme != "http" or not _proxy.hostname or _proxy.path.strip("/")):
+    raise ImproperlyConfigured(
+        f"DELIVERY_PROXY must be http://[user:password@]host:port, not {_proxy.scheme}://…"
+    )
 DELIVERY_CA_BUNDLE = env.str("DELIVERY_CA_BUNDLE", default="")
 if DELIVERY_CA_BUNDLE and not Path(DELIVERY_CA_BUNDLE).is_file():
     raise ImproperlyConfigured(f"DELIVERY_CA_BUNDLE={DELIVERY_CA_BUNDLE!r} is not a file.")

@@ -239,7 +239,13 @@ class OwnedAdmin(ModelAdmin):
             raise Http404("No such object.")
         if request.method == "GET":
             warn_unreadable(request, obj)
+            for warning in self.warnings(obj):
+                messages.warning(request, warning)
         return obj
+
+    def warnings(self, obj) -> list[str]:
+        """What the object's page warns about (a target: its client certificate)."""
+        return []
 
 
 def warn_unreadable(request, obj) -> None:
@@ -353,7 +359,7 @@ def parse_id(value) -> int | None:
 def posted_urls(post) -> list[str]:
     """The URLs a webhook or target form checks: targets' (with the inline's prefix,
     or without on the target's page) and the webhook's alert URL."""
-    names = ("url", "webhook_url", "alert_url")
+    names = ("url", "webhook_url", "alert_url", "oauth_token_url", "proxy")
     return [value for key, value in post.items() if key.rsplit("-", 1)[-1] in names]
 
 

@@ -23,7 +23,7 @@ from deliveries.admin.filters import TargetWebhookFilter
 from deliveries.filters import clean_filters
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
 from deliveries.models import Delivery, Event, Target
-from deliveries.targets import TARGET_TYPES
+from deliveries.targets import TARGET_TYPES, egress
 from deliveries.transforms import TransformError, validate_program
 from deliveries.transforms.preview import preview
 
@@ -215,6 +215,10 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
 
     class Media:
         js = ["deliveries/trust.js", "deliveries/filters.js", "deliveries/transform.js"]
+
+    def warnings(self, obj):
+        warning = egress.expiry_warning(obj.config) if obj.type == Target.Type.HTTP else ""
+        return [warning] if warning else []
 
     def has_add_permission(self, request):
         return False

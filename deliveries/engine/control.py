@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from deliveries.alerts import raise_alert
 from deliveries.models import Alert, Delivery, Target
+from deliveries.targets import egress
 from deliveries.targets.base import whose_fault
 
 logger = logging.getLogger("deliveries.engine")
@@ -36,6 +37,10 @@ class TargetControl:
         self._breaker_alerted: dict[int, float] = {}
         # target id -> the class of its last failed attempt (targets.base.FAILURES).
         self._last_failure: dict[int, str] = {}
+        # When client certificates were last looked at, and each target's last
+        # expiry alert (clock times).
+        self._certificates_checked = float("-inf")
+        self._certificate_alerted: dict[int, float] = {}
 
     def after(self, result) -> bool:
         """Take note of a committed result; True if it paused the target."""
@@ -88,6 +93,25 @@ class TargetControl:
                 + self._last_words(target_id)
             )
             self._alerts.put((target_id, Alert.Kind.BREAKER, message))
+
+    # Client certificates are looked at this often; an expiring one is told about
+    # once a day until it is replaced.
+    CERTIFICATE_CHECK = 3600.0
+    CERTIFICATE_REMINDER = 86_400.0
+
+    def certificates_expiring(self, clock_now: float) -> None:
+        """Alert about the client certificates of the targets this engine delivers
+        to that expire within egress.EXPIRY_WARNING (or have expired)."""
+        if clock_now - self._certificates_checked < self.CERTIFICATE_CHECK:
+            return
+        self._certificates_checked = clock_now
+        for state in self.targets.states():
+            warning = egress.expiry_warning(state.config) if state.type == "http" else ""
+            last = self._certificate_alerted.get(state.id)
+            if not warning or (last is not None and clock_now - last < self.CERTIFICATE_REMINDER):
+                continue
+            self._certificate_alerted[state.id] = clock_now
+            self._alerts.put((state.id, Alert.Kind.CERTIFICATE, warning))
 
     def send_alerts(self) -> int:
         """Send what was raised (each at most once per target per hour)."""

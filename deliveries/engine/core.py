@@ -476,8 +476,10 @@ class Engine:
 
     def alert_once(self) -> int:
         """Raise the alerts that are due (breakers open too long, targets that
-        paused themselves) and send them; return how many went out."""
+        paused themselves, client certificates near their end) and send them;
+        return how many went out."""
         self.control.breakers_open(self.breakers.not_closed(), self.clock())
+        self.control.certificates_expiring(self.clock())
         return self.control.send_alerts()
 
     def breaker_states(self) -> dict:

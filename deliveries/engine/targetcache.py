@@ -94,6 +94,10 @@ class TargetCache:
         the lock, against each other). Every attempt asks, from every worker."""
         return self._states.get(target_id)
 
+    def states(self) -> list[TargetState]:
+        """Every target as last read."""
+        return list(self._states.values())
+
     def load(self, target_ids) -> None:
         """Read the targets not known yet (one query for all of them)."""
         with self._lock:

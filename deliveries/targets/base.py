@@ -234,6 +234,16 @@ class TargetURLField(forms.CharField):
             raise ValidationError(problem, code="invalid")
 
 
+class SecretField(forms.CharField):
+    """A credential in the target form: once saved, the form shows MASK in its place
+    (TargetForm); sent back so, the stored value stays. Empty removes it."""
+
+    secret = True
+
+    def keep_masked(self, value, stored):
+        return stored if value == MASK and stored else value
+
+
 def masked_headers(lines, secret_names=()) -> tuple:
     """(name, value) pairs with the value of every credential masked: the names in
     `secret_names` (a target's own configured headers) and CREDENTIAL_HEADERS."""

@@ -9,9 +9,10 @@ from django.utils import timezone
 from urllib3 import HTTPHeaderDict
 
 from deliveries import signing
-from deliveries.targets import transport
+from deliveries.targets import egress, transport
 from deliveries.targets.base import (
     MASK,
+    SecretField,
     TargetURLField,
     mask_url,
     masked_headers,
@@ -140,7 +141,8 @@ class HttpTarget(transport.SendsHTTP):
             raise ValidationError("'drop_query' must be true or false.")
         if drop_query:
             cleaned["drop_query"] = True
-        unknown = set(config) - {"url", "headers", "timeout", "drop_query"}
+        cleaned.update(_clean_egress(config, cleaned["url"], headers))
+        unknown = set(config) - {"url", "headers", "timeout", "drop_query", *EGRESS}
         if unknown:
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
         return cleaned
@@ -148,6 +150,11 @@ class HttpTarget(transport.SendsHTTP):
     @classmethod
     def shown_config(cls, config):
         shown = {**config, "url": mask_url(config.get("url"))}
+        for key in SECRETS:
+            if config.get(key):
+                shown[key] = MASK
+        if config.get("proxy"):
+            shown["proxy"] = mask_url(config["proxy"])
         if config.get("headers"):
             shown["headers"] = dict.fromkeys(config["headers"], MASK)
         return shown
@@ -175,6 +182,53 @@ class HttpTarget(transport.SendsHTTP):
                 help_text="HTTP targets: do not append the query string an event was "
                 "received with to the URL's own query.",
             ),
+            "basic_username": forms.CharField(
+                required=False, label="Basic auth user", help_text="HTTP targets: Basic auth."
+            ),
+            "basic_password": SecretField(
+                required=False, label="Basic auth password", widget=_secret_input()
+            ),
+            "oauth_token_url": TargetURLField(
+                required=False,
+                label="OAuth2 token URL",
+                help_text="HTTP targets: a token is fetched with the client credentials grant "
+                "and sent as Authorization: Bearer.",
+            ),
+            "oauth_client_id": forms.CharField(required=False, label="OAuth2 client id"),
+            "oauth_client_secret": SecretField(
+                required=False, label="OAuth2 client secret", widget=_secret_input()
+            ),
+            "oauth_scope": forms.CharField(required=False, label="OAuth2 scope"),
+            "oauth_audience": forms.CharField(required=False, label="OAuth2 audience"),
+            "tls_client_cert": forms.CharField(
+                required=False,
+                label="Client certificate",
+                widget=forms.Textarea(
+                    attrs={"rows": 3, "placeholder": "-----BEGIN CERTIFICATE-----"}
+                ),
+                help_text="HTTPS targets: mutual TLS, PEM.",
+            ),
+            "tls_client_key": SecretField(
+                required=False,
+                label="Client key",
+                widget=forms.Textarea(
+                    attrs={"rows": 3, "placeholder": "-----BEGIN PRIVATE KEY-----"}
+                ),
+                help_text="Its private key, PEM, without a passphrase; never shown again.",
+            ),
+            "tls_ca_cert": forms.CharField(
+                required=False,
+                label="Receiver's CA",
+                widget=forms.Textarea(attrs={"rows": 3}),
+                help_text="HTTPS targets: the CA that signs the receiver's certificate, PEM "
+                "(beside the public roots and DELIVERY_CA_BUNDLE).",
+            ),
+            "proxy": TargetURLField(
+                required=False,
+                label="Proxy",
+                help_text="HTTP targets: http://[user:password@]host:port, in place of "
+                "DELIVERY_PROXY.",
+            ),
         }
 
     def request(self, task, body) -> transport.Request:
@@ -187,6 +241,10 @@ class HttpTarget(transport.SendsHTTP):
             # The URL's credentials are sent as Basic auth (transport.request), in
             # place of the sender's, as configured headers replace theirs.
             headers.discard("Authorization")
+        if config.get("basic_username"):
+            headers["Authorization"] = egress.basic_authorization(
+                config["basic_username"], config.get("basic_password", "")
+            )
         query = "" if config.get("drop_query") else forwardable_query(task.query_string)
         req = transport.request(
             url,
@@ -195,12 +253,92 @@ class HttpTarget(transport.SendsHTTP):
             timeout=config.get("timeout"),
             forwarded=True,
             query=query,
+            tls=(
+                config.get("tls_ca_cert", ""),
+                config.get("tls_client_cert", ""),
+                config.get("tls_client_key", ""),
+            ),
+            proxy=config.get("proxy") or None,
+            oauth=_oauth(config),
         )
         req.shown = {
             "request_url": with_query(url, query),
             "request_headers": masked_headers(headers.iteritems(), config.get("headers", {})),
         }
         return req
+
+
+# Egress settings of an http target's config (egress.py), and which are secrets:
+# never shown back once saved.
+EGRESS = (
+    "basic_username",
+    "basic_password",
+    "oauth_token_url",
+    "oauth_client_id",
+    "oauth_client_secret",
+    "oauth_scope",
+    "oauth_audience",
+    "tls_client_cert",
+    "tls_client_key",
+    "tls_ca_cert",
+    "proxy",
+)
+SECRETS = ("basic_password", "oauth_client_secret", "tls_client_key")
+OAUTH = ("oauth_token_url", "oauth_client_id", "oauth_client_secret")
+
+
+def _secret_input():
+    return forms.TextInput(attrs={"autocomplete": "off", "size": 40})
+
+
+def _clean_egress(config: dict, url: str, headers: dict) -> dict:
+    """The egress settings of `config`, checked; ValidationError in words."""
+    cleaned = {}
+    for key in EGRESS:
+        value = config.get(key)
+        if value in (None, ""):
+            continue
+        if not isinstance(value, str):
+            raise ValidationError(f"'{key}' must be a string.")
+        cleaned[key] = value.strip() if key.startswith("tls_") else value
+    named = {name.lower() for name in headers}
+    if cleaned.get("basic_password") and not cleaned.get("basic_username"):
+        raise ValidationError("A Basic auth password needs its user.")
+    if "basic_username" in cleaned and urllib.parse.urlsplit(url).username is not None:
+        raise ValidationError("Give the credentials in the URL or as Basic auth, not both.")
+    oauth = [key for key in cleaned if key.startswith("oauth_")]
+    if oauth:
+        missing = [key for key in OAUTH if key not in cleaned]
+        if missing:
+            raise ValidationError(f"OAuth2 needs {', '.join(missing)} too.")
+        if "basic_username" in cleaned:
+            raise ValidationError("Basic auth or OAuth2, not both.")
+        require_url(cleaned, "oauth_token_url")
+    if (oauth or "basic_username" in cleaned) and "authorization" in named:
+        raise ValidationError("An Authorization header and Basic auth or OAuth2: choose one.")
+    tls = [cleaned.get(k, "") for k in ("tls_client_cert", "tls_client_key", "tls_ca_cert")]
+    if any(tls):
+        if urllib.parse.urlsplit(url).scheme != "https":
+            raise ValidationError("A client certificate or a CA applies to https:// URLs only.")
+        egress.check_tls(*tls)
+    if "proxy" in cleaned:
+        problem = egress.proxy_problem(cleaned["proxy"])
+        if problem:
+            raise ValidationError(problem)
+        require_url(cleaned, "proxy")  # the guard decides on a target's own proxy too
+    return cleaned
+
+
+def _oauth(config: dict) -> egress.OAuth2 | None:
+    if not config.get("oauth_token_url"):
+        return None
+    return egress.OAuth2(
+        token_url=config["oauth_token_url"],
+        client_id=config["oauth_client_id"],
+        client_secret=config["oauth_client_secret"],
+        scope=config.get("oauth_scope", ""),
+        audience=config.get("oauth_audience", ""),
+    )
 
 
 def with_query(url: str, query: str) -> str:

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import email.utils
 import functools
+import ipaddress
 import os
 import ssl
 import threading
@@ -38,6 +39,8 @@ import yarl
 from django.conf import settings
 from multidict import CIMultiDict
 
+from deliveries import ssrf
+from deliveries.targets import egress
 from deliveries.targets.base import (
     RESPONSE_BODY_LIMIT,
     RESPONSE_HEADERS_LIMIT,
@@ -95,10 +98,14 @@ def _tls_context(cafile: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile)
 
 
-def tls_context() -> ssl.SSLContext:
+def tls_context(ca_pem: str = "", cert_pem: str = "", key_pem: str = "") -> ssl.SSLContext:
     """Certificates verified against DELIVERY_CA_BUNDLE (a private CA) or the
-    public roots requests ships."""
-    return _tls_context(settings.DELIVERY_CA_BUNDLE or _ROOTS)
+    public roots requests ships, and a target's own CA (`ca_pem`); the target's
+    client certificate presented (mutual TLS)."""
+    cafile = settings.DELIVERY_CA_BUNDLE or _ROOTS
+    if ca_pem or cert_pem:
+        return egress.tls_context(cafile, ca_pem, cert_pem, key_pem)
+    return _tls_context(cafile)
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -148,6 +155,10 @@ class Request:
     # Asked when the loop starts the request (the engine: its lease still valid);
     # False, nothing is sent and the outcome is HELD_BACK.
     may_send: Callable[[], bool] | None = None
+    # Sent through this forward proxy (egress.py), the destination vetted first.
+    proxy: egress.Proxy | None = None
+    # Sent with a token of this OAuth2 client (egress.py), fetched as needed.
+    oauth: egress.OAuth2 | None = None
 
 
 def request(
@@ -158,6 +169,9 @@ def request(
     timeout: float | None,
     forwarded: bool = False,
     query: str = "",
+    tls: tuple[str, str, str] = ("", "", ""),
+    proxy: str | None = None,
+    oauth: egress.OAuth2 | None = None,
 ) -> Request:
     """The POST to send: `query` appended to the URL's own query as it is, after
     `url` is prepared (preparing quotes again, decodes escapes of unreserved
@@ -170,7 +184,10 @@ def request(
     carries only the sender's.
 
     `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds the whole attempt: connect, send,
-    and the answer to its last byte read."""
+    and the answer to its last byte read.
+
+    `tls` is a target's own (CA, client certificate, key), PEM; `proxy` its proxy
+    URL (None: DELIVERY_PROXY's, "": none); `oauth` its token endpoint and client."""
     timeout = timeout or settings.DELIVERY_HTTP_TIMEOUT
     try:
         where = prepared_url(url)
@@ -183,12 +200,16 @@ def request(
     port = f":{where.port}" if where.port is not None else ""
     own = {"Authorization": where.authorization} if where.authorization else {}
     refused = refused_literal(where.host)
+    trusted = proxy is None  # DELIVERY_PROXY, the operator's own
+    proxy = settings.DELIVERY_PROXY if proxy is None else proxy
     return Request(
         url=yarl.URL(f"{where.scheme}://{host}{port}{path}", encoded=True),
         data=data,
         headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
         timeout=timeout,
-        tls=tls_context() if where.scheme == "https" else None,
+        tls=(tls_context(*tls) if where.scheme == "https" else None),
+        proxy=egress.proxy(proxy, trusted=trusted),
+        oauth=oauth,
         refused=Outcome(
             success=False, error=f"blocked: {refused}", permanent=True, failure="blocked"
         )
@@ -210,20 +231,116 @@ async def send(req: Request) -> Outcome:
 
 
 async def _post(req: Request) -> Outcome:
-    session = client.session()
+    """The request, with a token if its target uses OAuth2: a token the receiver
+    refuses (401) is fetched again once and the request sent once more."""
+    if req.proxy is not None:
+        try:
+            await _vet_destination(req)
+        except (OSError, ssrf.BlockedAddress) as exc:
+            return _failed(exc, req.timeout)
+    if req.oauth is None:
+        return await _post_once(req, req.headers)
+    refused = None
+    for _ in range(2):
+        try:
+            token = await egress.tokens.get(req.oauth, functools.partial(_fetch_token, req))
+        except egress.TokenError as exc:
+            return Outcome(success=False, error=f"OAuth2: {exc}", failure=exc.failure)
+        headers = req.headers.copy()
+        headers["Authorization"] = f"Bearer {token}"
+        outcome = await _post_once(req, headers)
+        if outcome.status_code != 401 or refused is not None:
+            return outcome
+        refused = token
+        egress.tokens.forget(req.oauth, token)
+    return outcome
+
+
+async def _vet_destination(req: Request) -> None:
+    """Through a proxy, the proxy resolves and connects: the guard decides on the
+    destination here first, as it would on a direct connection (a name that
+    resolves to a blocked address never reaches the proxy)."""
+    host = req.url.raw_host
+    if not _is_literal(host):  # a literal was vetted when the request was built
+        await client.guard.resolve(host, req.url.port or 0)
+    if not req.proxy.trusted:
+        proxy = yarl.URL(req.proxy.url)
+        if _is_literal(proxy.raw_host):
+            reason = refused_literal(proxy.raw_host)
+            if reason:
+                raise ssrf.BlockedAddress(f"proxy {reason}")
+        else:
+            await client.guard.resolve(proxy.raw_host, proxy.port or 0)
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def _fetch_token(req: Request) -> tuple[int, bytes]:
+    """Ask the target's token endpoint (under the guard, through the target's
+    proxy): (status, answer)."""
+    oauth = req.oauth
+    token_req = request(
+        oauth.token_url,
+        data=oauth.form(),
+        headers={
+            "Content-Type": "application/x-www-form-urlencoded",
+            "Accept": "application/json",
+            "Authorization": oauth.authorization(),
+        },
+        timeout=req.timeout,
+        proxy=req.proxy.url if req.proxy else "",
+    )
+    if req.proxy is not None:
+        token_req.proxy = req.proxy  # with its credentials, trusted or not
+    if token_req.refused is not None:
+        raise egress.TokenError(f"token endpoint {token_req.refused.error}", "blocked")
+    try:
+        if token_req.proxy is not None:
+            await _vet_destination(token_req)
+        async with asyncio.timeout(token_req.timeout + _CONNECT_FIRST):
+            async with _session(token_req).post(
+                token_req.url, data=token_req.data, **_options(token_req, token_req.headers)
+            ) as response:
+                body = await response.content.read(egress.TOKEN_ANSWER_LIMIT)
+                return response.status, body
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ssrf.BlockedAddress) as exc:
+        failed = _failed(exc, token_req.timeout)
+        raise egress.TokenError(f"token endpoint: {failed.error}", failed.failure) from None
+
+
+def _session(req: Request) -> aiohttp.ClientSession:
+    return client.session(proxied=req.proxy is not None)
+
+
+def _options(req: Request, headers) -> dict:
+    options = {
+        "headers": headers,
+        "allow_redirects": False,
+        "ssl": req.tls if req.tls is not None else True,
+        # No rounding up to the next whole second (aiohttp's default past 5 s): the
+        # connect must end before the attempt's deadline does.
+        "timeout": aiohttp.ClientTimeout(
+            total=None, sock_connect=req.timeout, ceil_threshold=_NO_ROUNDING
+        ),
+    }
+    if req.proxy is not None:
+        options["proxy"] = req.proxy.url
+        if req.proxy.username or req.proxy.password:
+            options["proxy_auth"] = aiohttp.BasicAuth(req.proxy.username, req.proxy.password)
+    return options
+
+
+async def _post_once(req: Request, headers) -> Outcome:
     try:
         async with asyncio.timeout(req.timeout + _CONNECT_FIRST):
-            async with session.post(
-                req.url,
-                data=req.data,
-                headers=req.headers,
-                allow_redirects=False,
-                ssl=req.tls if req.tls is not None else True,
-                # No rounding up to the next whole second (aiohttp's default past
-                # 5 s): the connect must end before the attempt's deadline does.
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=req.timeout, ceil_threshold=_NO_ROUNDING
-                ),
+            async with _session(req).post(
+                req.url, data=req.data, **_options(req, headers)
             ) as response:
                 try:
                     excerpt = await _excerpt(response)
@@ -316,6 +433,18 @@ class SendsHTTP(TargetType):
         return wait(self.request(task, body))
 
 
+def _new_session(connector) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=connector,
+        cookie_jar=aiohttp.DummyCookieJar(),  # no receiver's cookie sent back
+        skip_auto_headers=_NOT_ADDED,
+        auto_decompress=True,
+        trust_env=False,
+        max_line_size=_LINE_LIMIT,
+        max_field_size=_LINE_LIMIT,
+    )
+
+
 class Client:
     """The process's event loop for outbound HTTP, on a thread of its own, and the
     one aiohttp session on it: connections kept alive per receiver, shared by every
@@ -330,6 +459,9 @@ class Client:
         self._starts: collections.deque = collections.deque()
         self._told = False
         self._sending: set = set()  # the loop's tasks, held until done
+        self._proxied: aiohttp.ClientSession | None = None
+        # Vets destinations sent through a proxy (_vet_destination).
+        self.guard = GuardedResolver()
 
     def submit(self, coro) -> concurrent.futures.Future:
         """Run `coro` on the loop; its future completes on the loop's thread."""
@@ -366,19 +498,17 @@ class Client:
             )
         done(outcome)
 
-    def session(self) -> aiohttp.ClientSession:
-        """The session (on the loop's thread only)."""
+    def session(self, *, proxied: bool = False) -> aiohttp.ClientSession:
+        """The session (on the loop's thread only); `proxied`, the one whose
+        connections go to forward proxies, which the operator chose: its resolver
+        is the system's, the destinations are vetted by `guard` before sending."""
+        if proxied:
+            if self._proxied is None:
+                self._proxied = _new_session(aiohttp.TCPConnector(limit=0))
+            return self._proxied
         if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=0, use_dns_cache=False, resolver=GuardedResolver()
-                ),
-                cookie_jar=aiohttp.DummyCookieJar(),  # no receiver's cookie sent back
-                skip_auto_headers=_NOT_ADDED,
-                auto_decompress=True,
-                trust_env=False,
-                max_line_size=_LINE_LIMIT,
-                max_field_size=_LINE_LIMIT,
+            self._session = _new_session(
+                aiohttp.TCPConnector(limit=0, use_dns_cache=False, resolver=GuardedResolver())
             )
         return self._session
 
@@ -389,7 +519,7 @@ class Client:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
                 self._pid = os.getpid()
-                self._session = None
+                self._session = self._proxied = None
                 self._starts.clear()
                 self._told = False
                 self._loop = asyncio.new_event_loop()
@@ -403,13 +533,14 @@ class Client:
         if self._pid != os.getpid():
             return  # a forked child's inherited loop runs in no thread of its own
         with self._lock:
-            loop, session = self._loop, self._session
-            self._loop = self._session = None
+            loop, sessions = self._loop, (self._session, self._proxied)
+            self._loop = self._session = self._proxied = None
         if loop is None:
             return
-        if session is not None:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(session.close(), loop).result(5)
+        for session in sessions:
+            if session is not None:
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(session.close(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
 
 

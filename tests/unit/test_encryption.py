@@ -56,6 +56,14 @@ def every_secret(user):
         },
     )
     Target.objects.create(webhook=hook, name="slack", type="slack", config={"webhook_url": SLACK})
+    gated = {
+        "url": "https://example.com/gated",
+        "basic_password": "s3cr3t-basic",
+        "oauth_client_secret": "s3cr3t-oauth",
+        "tls_client_key": "-----BEGIN PRIVATE KEY-----\ns3cr3tKEYMATERIAL\n-----END PRIVATE KEY-----",
+        "proxy": "http://ops:s3cr3t-proxy@proxy.example.com:3128",
+    }
+    Target.objects.create(webhook=hook, name="gated", config=gated)
     http.rotate_signing_secret()
     http.refresh_from_db()
     return [
@@ -153,7 +161,7 @@ def test_rotation_moves_every_value_under_the_first_key_and_can_run_again(user, 
     out = io.StringIO()
     call_command("rotatekeys", batch=1, stdout=out)
     assert (
-        "deliveries.Target.config: 2 re-encrypted, 0 under the first key already" in out.getvalue()
+        "deliveries.Target.config: 3 re-encrypted, 0 under the first key already" in out.getvalue()
     )
     for model, field in encrypted_fields():
         for pk in model.objects.values_list("pk", flat=True):
