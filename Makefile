@@ -75,5 +75,5 @@ clean:
 lock:
 	$(PYTHON) -m venv .venv-lock && .venv-lock/bin/pip install -q pip-tools==7.7.0
 	.venv-lock/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
-	  --no-emit-index-url --no-emit-find-links --all-build-deps \
+	  --no-emit-index-url --no-emit-find-links --all-build-deps --extra otel \
 	  --output-file requirements.lock pyproject.toml

@@ -11,12 +11,13 @@ class DeliveriesConfig(AppConfig):
     verbose_name = "Webhooks"
 
     def ready(self):
-        from deliveries import audit
+        from deliveries import audit, tracing
         from deliveries.logs import stamp_request_ids
         from deliveries.models import ApiKey, Entrypoint, Target, Webhook
 
         stamp_request_ids()
         audit.register(Webhook, Entrypoint, Target, ApiKey)
+        tracing.setup()
         # Every process writes below these (SQLite file, engine lock and socket,
         # metrics files), and a fresh clone must run with nothing set: created at
         # start rather than when settings are imported, which has no such effects.

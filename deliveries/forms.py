@@ -140,6 +140,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             "filters",
             "transform",
             "signing",
+            "traceparent",
         ]
         labels = {"paused_reason": "Reason", "rate_limit": "Rate limit (per second)"}
         widgets = {

@@ -317,6 +317,13 @@ class Target(Audited, models.Model):
         help_text="A jq program that reshapes what this target is sent, or drops the "
         "event with null (README, Transformations). Empty: sent as received.",
     )
+    traceparent = models.BooleanField(
+        default=True,
+        db_default=True,
+        verbose_name="Send traceparent",
+        help_text="HTTP targets, with OpenTelemetry on: send each attempt's W3C traceparent "
+        "(in place of the sender's), so the receiver's spans join the event's trace.",
+    )
     signing = models.BooleanField(
         default=True,
         help_text="Sign HTTP deliveries (Standard Webhooks headers). Off only for "
@@ -492,6 +499,9 @@ class Event(models.Model):
     event_type = models.CharField(max_length=200, blank=True, default="")
     # The inbound request's X-Request-Id (deliveries.middleware.RequestIdMiddleware).
     request_id = models.CharField(max_length=128, blank=True, default="", db_default="")
+    # The W3C traceparent of the span that received it (deliveries/tracing.py): its
+    # attempts' spans are children of it. "" when tracing is off.
+    traceparent = models.CharField(max_length=55, blank=True, default="", db_default="")
     # The event this one is an edited copy of (Event.resend), if it is one.
     resent_from = models.ForeignKey(
         "self", models.SET_NULL, null=True, blank=True, related_name="resends"

@@ -7,7 +7,7 @@ from django.db import OperationalError
 from django.http import Http404, HttpResponseNotAllowed, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from deliveries import ingest, metrics, verification
+from deliveries import ingest, metrics, tracing, verification
 from deliveries.models import Rejection
 from deliveries.request_body import BodyMalformed, BodyTooLarge, read_body
 from webhooker import encryption
@@ -52,8 +52,16 @@ ENTRYPOINT_READS = 3
 
 
 @csrf_exempt
-@_unavailable_is_503
 def receive(request, code):
+    """POST /webhook/<code>, in its trace span (tracing.py) when tracing is on."""
+    with tracing.inbound(request, "/webhook/{code}") as answered:
+        response = _receive(request, code)
+        answered(response.status_code)
+        return response
+
+
+@_unavailable_is_503
+def _receive(request, code):
     """POST /webhook/<code>: store the event and its deliveries, then answer.
 
     The entrypoint may come from this process's memory (ingest.find_entrypoint):

@@ -1,4 +1,5 @@
 import importlib
+import os
 import socket
 
 import pytest
@@ -6,9 +7,20 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 
-from deliveries import ssrf
+from deliveries import ssrf, tracing
 from deliveries.models import Target, Webhook
 from tests.support.sink import Sink
+
+# Tracing only where a test turns it on (tests/web/test_tracing.py), here or in the
+# processes tests start, whatever OTEL_* variables the machine has.
+for _name in tracing.CONFIGURED_BY:
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_tracing():
+    tracing.stop()
+
 
 # Names the tests use, resolved without a network (this machine has none).
 FAKE_DNS = {

@@ -105,7 +105,7 @@ class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
                 "fields": [
                     ("method", "content_type", "size"),
                     ("remote_addr", "query_string"),
-                    "request_id",
+                    ("request_id", "traceparent"),
                 ]
             },
         ),

@@ -81,7 +81,7 @@ class SigningSecretMixin:
 TARGET_FIELDSETS = [
     (
         "Signing (Standard Webhooks)",
-        {"fields": ["signing", "signing_secret_view"], "classes": ["wh-type-http"]},
+        {"fields": ["signing", "signing_secret_view", "traceparent"], "classes": ["wh-type-http"]},
     ),
     (
         "Delivery",

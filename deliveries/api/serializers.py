@@ -217,6 +217,7 @@ class TargetSerializer(ModelCleaned):
             "filters",
             "transform",
             "signing",
+            "traceparent",
             "signing_secret",
             "secret_rotated_at",
             "paused",
@@ -279,6 +280,7 @@ class EventDetailSerializer(EventSerializer):
             "query_string",
             "headers",
             "request_id",
+            "traceparent",
             "resent_from",
             "body_url",
         ]

@@ -81,6 +81,9 @@ def conclude(task: Task, outcome: Outcome, start: float, *, base: float, cap: fl
     duration_ms = int((time.monotonic() - start) * 1000)
     status, delay = decide(task, outcome, retries=task.target.retries, base=base, cap=cap)
     result = AttemptResult(task, outcome, status, delay, duration_ms)
+    span, task.span = task.span, None
+    if span is not None:
+        span.end(outcome, status)
     log_attempt(result)
     return result
 

@@ -112,6 +112,7 @@ TASK_COLUMNS = {
     "event_type": "event__event_type",
     "provider_id": "event__provider_id",
     "entrypoint_id": "event__entrypoint_id",
+    "traceparent": "event__traceparent",
 }
 
 

@@ -24,7 +24,7 @@ from django.db.models import Max, Min
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
-from deliveries import metrics, transforms
+from deliveries import metrics, tracing, transforms
 from deliveries.engine import attempts
 from deliveries.engine.attempts import AttemptResult
 from deliveries.engine.breaker import Breakers, CircuitBreaker
@@ -342,6 +342,8 @@ class Engine:
             self._give_back_probe(task)
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return False
+        # Its span (tracing.py), from here to the result: the receiver is told it.
+        task.span = sent.span = tracing.attempt(task)
         req = attempts.request(sent, body) if self.sender.running else None
         if req is not None:
             # Checked again when the loop starts it: a loop that stalled (the

@@ -33,6 +33,8 @@ FIELDS = (
     "transform",
     "failing_since",
     "updated_at",
+    # Whether an http target sends the attempt's traceparent (deliveries/tracing.py).
+    "traceparent",
     # The http target's Standard Webhooks signing (deliveries/signing.py).
     "signing",
     "signing_secret",

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from django.db import connection, transaction
 from django.utils import timezone
 
-from deliveries import verification, wake
+from deliveries import tracing, verification, wake
 from deliveries.ingest import statements as queries
 from deliveries.ingest.entrypoints import Inbound
 from deliveries.models import Delivery, Event
@@ -99,6 +99,7 @@ def store_event(
         0,
         says.event_type,
         request_context.request_id.get() or "",
+        tracing.current_traceparent.get(),
         entrypoint.id,
         *entrypoint.as_read,
     ]

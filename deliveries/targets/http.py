@@ -234,6 +234,12 @@ class HttpTarget(transport.SendsHTTP):
     def request(self, task, body) -> transport.Request:
         config = task.target.config
         headers = forwarded_headers(task, config.get("headers", {}))
+        if task.span is not None and task.target.traceparent:
+            # The attempt's own context, in place of the sender's: the receiver's
+            # spans join the event's trace under this attempt (tracing.py).
+            for name in ("traceparent", "tracestate"):
+                headers.discard(name)
+            headers.update(task.span.headers())
         if task.target.signing:
             sign(headers, task, body)
         url = config["url"]

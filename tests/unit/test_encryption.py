@@ -60,7 +60,7 @@ def every_secret(user):
         "url": "https://example.com/gated",
         "basic_password": "s3cr3t-basic",
         "oauth_client_secret": "s3cr3t-oauth",
-        "tls_client_key": "-----BEGIN PRIVATE KEY-----\ns3cr3tKEYMATERIAL\n-----END PRIVATE KEY-----",
+        "tls_client_key": "-----BEGIN PRIVATE KEY-----\ns3cr3tKEYMATERIAL\n-----END PRIVATE…",
         "proxy": "http://ops:s3cr3t-proxy@proxy.example.com:3128",
     }
     Target.objects.create(webhook=hook, name="gated", config=gated)
