@@ -5,6 +5,7 @@ action calls the same set-based operation as the admin's."""
 from django.db import transaction
 from django.db.models import F, QuerySet
 from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -363,8 +364,12 @@ class DeliveryViewSet(ExportMixin, ReadOnlyViewSet):
         return Response({"queued": Delivery.objects.filter(pk=delivery.pk).retry_now()})
 
 
+@csrf_exempt
 def not_found(request, *args, **kwargs):
-    """Any other path under /api/v1/: the API's 404, not an HTML page."""
+    """Any other path under /api/v1/: the API's 404, not an HTML page. CSRF-exempt
+    as every API view is (DRF's views are; keys, not cookies, authenticate): a
+    write to a path that names nothing (`targets/abc/pause/`) is a 404, not the
+    CSRF failure page."""
     return JsonResponse({"error": "Not found.", "fields": {}}, status=404)
 
 

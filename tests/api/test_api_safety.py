@@ -3,9 +3,10 @@ not mean is refused in words, never silently dropped. A typo must not widen a bu
 action."""
 
 import pytest
+from rest_framework.test import APIClient
 
 from deliveries.models import Delivery, Target
-from tests.support.api import client_of, world_ids
+from tests.support.api import client_of, key_for, world_ids
 
 pytestmark = pytest.mark.django_db
 
@@ -64,3 +65,14 @@ def test_the_pages_own_parameters_are_known(alice, mine):
     first = client_of(alice).get("/api/v1/deliveries/?limit=1&status=failed")
     assert first.status_code == 200
     assert client_of(alice).get("/api/v1/events/?limit=5").status_code == 200
+
+
+@pytest.mark.parametrize("method", ["post", "put", "patch", "delete"])
+@pytest.mark.parametrize("path", ["targets/abc/pause/", "targets/1x/", "webhooks/../", "nowhere/"])
+def test_a_write_to_a_path_that_names_nothing_is_the_apis_json_404(alice, method, path):
+    # As a client sends it: with a key, without a CSRF token (the API needs none).
+    client = APIClient(enforce_csrf_checks=True)
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key_for(alice)}")
+    response = getattr(client, method)(f"/api/v1/{path}", {}, format="json")
+    assert response.status_code == 404
+    assert response.json() == {"error": "Not found.", "fields": {}}
