@@ -7,8 +7,8 @@ never a delivery worker's: mail servers and Slack can take seconds to answer.
 
 Each alert goes by email to the owner and, if the webhook has one, to its
 Slack-compatible alert_url; how each channel went is recorded on the Alert row,
-which the admin lists. At most one alert per target per Alert.INTERVAL: a target
-that flaps must not flood its owner.
+which the admin lists. At most one alert of each kind per target per
+Alert.INTERVAL: a target that flaps must not flood its owner.
 """
 
 import datetime
@@ -80,9 +80,10 @@ def _record(target_id: int, kind: str, message: str) -> Alert | None:
         if target is None:
             return None
         recent = now - datetime.timedelta(seconds=Alert.INTERVAL)
-        if target.alerts.filter(created_at__gt=recent).exists():
+        # One of each kind: a certificate reminder never silences a pause.
+        if target.alerts.filter(created_at__gt=recent, kind=kind).exists():
             log.info(
-                "alert for target %s suppressed (one per %s s): %s",
+                "alert for target %s suppressed (one of a kind per %s s): %s",
                 target_id,
                 Alert.INTERVAL,
                 message,

@@ -4,6 +4,7 @@ from pathlib import Path
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models.signals import pre_save
 
 
 class DeliveriesConfig(AppConfig):
@@ -12,11 +13,16 @@ class DeliveriesConfig(AppConfig):
 
     def ready(self):
         from deliveries import audit, tracing
+        from deliveries.fields import encrypted_fields, open_loaded_tokens
         from deliveries.logs import stamp_request_ids
         from deliveries.models import ApiKey, Entrypoint, Target, Webhook
 
         stamp_request_ids()
         audit.register(Webhook, Entrypoint, Target, ApiKey)
+        for model, _ in encrypted_fields():
+            pre_save.connect(
+                open_loaded_tokens, sender=model, dispatch_uid=f"tokens-{model.__name__}"
+            )
         tracing.setup()
         # Every process writes below these (SQLite file, engine lock and socket,
         # metrics files), and a fresh clone must run with nothing set: created at

@@ -29,10 +29,14 @@ from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
 from deliveries.targets.base import MASK, mask_url
+from deliveries.targets.http import SECRETS
 from webhooker import request_context
 
-# Keys of a config whose values are credentials whatever the type.
-SECRET_KEYS = {"secret", "password", "token", "client_secret"}
+# Keys of a config whose values are credentials: an entrypoint's verification
+# secrets, and an http target's (targets/http.py).
+SECRET_KEYS = {"secret", "password", "token", "client_secret", *SECRETS}
+# Keys whose values are URLs: their passwords (and a Slack URL's path) masked.
+URL_KEYS = {"url": False, "oauth_token_url": False, "proxy": False, "webhook_url": True}
 
 
 def mask(value: str) -> str:
@@ -51,8 +55,8 @@ def mask(value: str) -> str:
         return MASK
     shown = {}
     for key, item in config.items():
-        if key in ("url", "webhook_url"):
-            item = mask_url(item, path=key == "webhook_url")
+        if key in URL_KEYS:
+            item = mask_url(item, path=URL_KEYS[key])
         elif key == "headers" and isinstance(item, dict):
             item = dict.fromkeys(item, MASK)
         elif key in SECRET_KEYS:

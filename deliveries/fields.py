@@ -6,7 +6,9 @@ never looked up by value (the one exception, "", is stored as itself: an empty
 secret says no more than the empty column would). A token no key opens reads back
 as an encryption.Unreadable value, and is written back unchanged when the row is
 saved again. Serialized (dumpdata) values are the tokens, so a dump holds no
-secret either; loading one reads the tokens back.
+secret either; loading one (a raw save) reads the tokens back (open_loaded_tokens).
+Only then: a token sent through a form or the API is a value like any other, never
+opened (it would let a leaked backup's secrets into a live row).
 """
 
 from __future__ import annotations
@@ -49,15 +51,6 @@ class EncryptedTextField(models.TextField):
             return value
         return encryption.encrypt(self.to_text(value))
 
-    def to_python(self, value):
-        # A token, when a dump is loaded; a plain value from forms and code.
-        if isinstance(value, str) and encryption.is_token(value):
-            try:
-                return self.from_text(encryption.decrypt(value))
-            except encryption.InvalidToken:
-                pass
-        return value
-
     def value_to_string(self, obj):
         return self.get_prep_value(self.value_from_object(obj))
 
@@ -85,6 +78,9 @@ class EncryptedJSONField(EncryptedTextField):
     def unreadable(self, token: str):
         return encryption.UnreadableDict(token)
 
+    def to_python(self, value):
+        return value  # a JSON value as it is (TextField's would make it a str)
+
     def get_prep_value(self, value):
         if value is None:
             return None
@@ -102,3 +98,25 @@ def encrypted_fields():
         for field in model._meta.concrete_fields
         if isinstance(field, EncryptedTextField)
     ]
+
+
+def open_loaded_tokens(sender, instance, raw=False, **kwargs):
+    """pre_save of a model with encrypted fields: a row loaded from a dump (`raw`,
+    loaddata) holds the tokens the dump kept; their values take their place before
+    the row is saved (and encrypted again)."""
+    if not raw:
+        return
+    for field in sender._meta.concrete_fields:
+        value = getattr(instance, field.attname, None)
+        if (
+            isinstance(field, EncryptedTextField)
+            and isinstance(value, str)
+            and not isinstance(value, encryption.UNREADABLE)
+            and encryption.is_token(value)
+        ):
+            try:
+                text = encryption.decrypt(value)
+            except encryption.InvalidToken:
+                setattr(instance, field.attname, field.unreadable(value))
+            else:
+                setattr(instance, field.attname, field.from_text(text))

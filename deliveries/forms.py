@@ -21,7 +21,8 @@ from unfold.widgets import (
 from deliveries import verification
 from deliveries.models import Entrypoint, Event, Target
 from deliveries.targets import TARGET_TYPES, clean_config
-from deliveries.targets.base import MASK
+from deliveries.targets.base import MASK, keep_secrets, masked_keys
+from webhooker import encryption
 
 # {type: {config key: form field}}. A field marked required there is required when
 # its type is chosen; in the form every one is optional.
@@ -158,8 +159,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         super().__init__(*args, **kwargs)
         config = self.instance.config or {}
         for name in _ConfigFields.base_fields.keys() & config.keys():
-            secret = getattr(_ConfigFields.base_fields[name], "secret", False)
-            self.initial.setdefault(name, MASK if secret and config[name] else config[name])
+            self.initial.setdefault(name, _shown(_ConfigFields.base_fields[name], config[name]))
         self.fields["type"].widget.attrs["data-target-type"] = "1"
         if self.instance.webhook_id:
             # The "deliver only these event types" shortcut offers what it has seen.
@@ -211,19 +211,31 @@ class TargetForm(forms.ModelForm, _ConfigFields):
         if not type_:
             return cleaned
         config = {}
-        stored = self.instance.config or {}
-        for name, field in CONFIG_FIELDS[type_].items():
+        stored = self.instance.config if self.instance.pk else {}
+        fields = CONFIG_FIELDS[type_]
+        if encryption.unreadable(stored) and not any(cleaned.get(name) for name in fields):
+            return cleaned  # kept as stored until typed again (README, Secrets at rest)
+        for name, field in fields.items():
             value = cleaned.get(name)
-            if hasattr(field, "keep_masked") and value and name not in self.errors:
-                try:
-                    value = field.keep_masked(value, stored.get(name))
-                except ValidationError as exc:
-                    self.add_error(name, exc)
-                    continue
             if value not in (None, "", {}):
                 config[name] = value
             elif field.required and name not in self.errors:
                 self.add_error(name, field.error_messages["required"])
+        if not self.errors and stored and type_ == self.instance.type:
+            # What the form showed of the stored config, sent back, keeps it.
+            shown = {
+                name: _shown(fields[name], value)
+                for name, value in stored.items()
+                if name in fields
+            }
+            try:
+                config = keep_secrets(config, shown, stored)
+            except ValidationError as exc:
+                self.add_error(TARGET_TYPES[type_].main_field, exc)
+        elif not self.errors and masked_keys(config):
+            self.add_error(
+                TARGET_TYPES[type_].main_field, f"Type the secrets themselves, not {MASK}."
+            )
         if not self.errors:
             # The validation Target.clean_fields() applies to every other way of
             # saving; it leaves the config to this form, which has no config field.
@@ -232,6 +244,18 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             except ValidationError as exc:
                 self.add_error(TARGET_TYPES[type_].main_field, exc.messages)
         return cleaned
+
+
+def _shown(field, value):
+    """What the target form shows of a stored config value: a secret as MASK, a URL
+    with its secrets masked, header values masked (HeadersField), the rest as is."""
+    if getattr(field, "secret", False):
+        return MASK if value else value
+    if hasattr(field, "shown"):
+        return field.shown(value)
+    if isinstance(value, dict) and hasattr(field, "MASK"):
+        return dict.fromkeys(value, MASK)
+    return value
 
 
 class PauseForm(forms.Form):

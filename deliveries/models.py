@@ -18,6 +18,7 @@ from deliveries.filters import clean_filters
 from deliveries.signing import new_secret
 from deliveries.targets.base import FAILURES, MASK, require_url
 from deliveries.transforms import validate_program
+from webhooker import encryption
 
 # "Receiver: timed out", "webhooker: transform failed", ...
 FAILURE_CHOICES = [
@@ -370,9 +371,15 @@ class Target(Audited, models.Model):
             super().clean_fields(exclude)
         except ValidationError as exc:
             errors = exc.error_dict
-        if "config" not in (exclude or ()) and "config" not in errors:
+        if (
+            "config" not in (exclude or ())
+            and "config" not in errors
+            and not encryption.unreadable(self.config)  # kept as stored: nothing to check
+        ):
             try:
-                self.config = targets.clean_config(self.type, self.config)
+                self.config = targets.clean_config(
+                    self.type, self.config, known_certificate=self._stored_certificate()
+                )
             except ValidationError as exc:
                 errors["config"] = exc.error_list
         if "filters" not in (exclude or ()) and "filters" not in errors:
@@ -387,6 +394,14 @@ class Target(Audited, models.Model):
                 errors["retry_schedule"] = exc.error_list
         if errors:
             raise ValidationError(errors)
+
+    def _stored_certificate(self) -> str:
+        """The client certificate saved already (its dates were checked when it was
+        given: an expired one still lets the rest of the target be edited)."""
+        if self._state.adding or self.pk is None:
+            return ""
+        stored = Target.objects.filter(pk=self.pk).values_list("config", flat=True).first()
+        return stored.get("tls_client_cert", "") if isinstance(stored, dict) else ""
 
     def rotate_signing_secret(self) -> str:
         """A new signing secret; the current one stays valid for the rotation overlap.
@@ -920,7 +935,7 @@ class Alert(models.Model):
         BREAKER = "breaker", "Circuit breaker stuck open"
         CERTIFICATE = "certificate", "Client certificate expiring"
 
-    # At most one alert per target in this long.
+    # At most one alert of each kind per target in this long.
     INTERVAL = 3600
 
     target = models.ForeignKey(Target, models.CASCADE, related_name="alerts")

@@ -3,12 +3,14 @@ import os
 import socket
 
 import pytest
+import trustme
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 
 from deliveries import ssrf, tracing
 from deliveries.models import Target, Webhook
+from tests.support import egress
 from tests.support.sink import Sink
 
 # Tracing only where a test turns it on (tests/web/test_tracing.py), here or in the
@@ -162,6 +164,24 @@ def sink():
     server = Sink().start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def servers():
+    """Local HTTP(S) servers a test starts: start(handler, configure=None)."""
+    yield from egress.local_servers()
+
+
+@pytest.fixture
+def proxy(servers):
+    """A local forward proxy recording what it forwarded: (port, forwarded)."""
+    return egress.forward_proxy(servers)
+
+
+@pytest.fixture
+def ca():
+    """A test certificate authority (trustme)."""
+    return trustme.CA()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -78,6 +78,12 @@ def _subcount(queryset):
 
 
 class WebhookForm(forms.ModelForm):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        field = self.fields.get("alert_url")
+        if field is not None and self.instance.alert_url:
+            self.initial["alert_url"] = field.shown(self.instance.alert_url)
+
     def clean_alert_url(self):
         # Shown with its path masked (TargetURLField): sent back so, the stored one stays.
         value = self.cleaned_data.get("alert_url")

@@ -19,7 +19,8 @@ from deliveries.filters import clean_filters
 from deliveries.forms import clean_header_lines
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
 from deliveries.targets import TARGET_TYPES
-from deliveries.targets.base import keep_masked, mask_url
+from deliveries.targets.base import MASK as SHOWN_SECRET
+from deliveries.targets.base import keep_masked, keep_secrets, mask_url, masked_keys
 from deliveries.transforms import validate_program
 
 
@@ -106,11 +107,18 @@ class WebhookSerializer(ModelCleaned):
         return data
 
     def validate(self, attrs):
-        if self.instance is not None and "alert_url" in attrs:
-            stored = self.instance.alert_url
-            attrs["alert_url"] = keep_masked(
-                attrs["alert_url"], mask_url(stored, path=True), stored
-            )
+        if "alert_url" in attrs:
+            stored = self.instance.alert_url if self.instance is not None else ""
+            kept = keep_masked(attrs["alert_url"], mask_url(stored, path=True), stored)
+            if isinstance(kept, str) and SHOWN_SECRET in kept:
+                raise serializers.ValidationError(
+                    {
+                        "alert_url": [
+                            f"Type the URL itself: {SHOWN_SECRET} stands for a stored value."
+                        ]
+                    }
+                )
+            attrs["alert_url"] = kept
         return super().validate(attrs)
 
 
@@ -245,7 +253,14 @@ class TargetSerializer(ModelCleaned):
         old = self.instance
         if old is not None and "config" in attrs and attrs.get("type", old.type) == old.type:
             shown = _shown_config(old.type, old.config)
-            attrs["config"] = keep_masked(attrs["config"], shown, old.config)
+            try:
+                attrs["config"] = keep_secrets(attrs["config"], shown, old.config)
+            except DjangoValidationError as exc:
+                raise serializers.ValidationError({"config": exc.messages}) from None
+        elif masked_keys(attrs.get("config")):
+            raise serializers.ValidationError(
+                {"config": [f"Type the secrets themselves, not {SHOWN_SECRET}."]}
+            )
         return super().validate(attrs)
 
 

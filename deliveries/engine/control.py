@@ -114,7 +114,7 @@ class TargetControl:
             self._alerts.put((state.id, Alert.Kind.CERTIFICATE, warning))
 
     def send_alerts(self) -> int:
-        """Send what was raised (each at most once per target per hour)."""
+        """Send what was raised (each kind at most once per target per hour)."""
         sent = 0
         while True:
             try:

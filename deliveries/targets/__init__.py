@@ -30,8 +30,14 @@ def get_target_type(type_: str) -> TargetType:
         raise ValidationError(f"Unknown target type {type_!r}.") from None
 
 
-def clean_config(type_: str, config) -> dict:
-    return get_target_type(type_).clean_config(require_mapping(config))
+def clean_config(type_: str, config, *, known_certificate: str = "") -> dict:
+    """`config` checked against its type; `known_certificate`, a client certificate
+    saved already, whose dates are not checked again."""
+    kind = get_target_type(type_)
+    config = require_mapping(config)
+    if kind.type == "http":
+        return kind.clean_config(config, known_certificate=known_certificate)
+    return kind.clean_config(config)
 
 
 __all__ = [

@@ -17,6 +17,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from deliveries import ssrf
+from webhooker import encryption
 
 if TYPE_CHECKING:
     from deliveries.engine.task import Task
@@ -188,9 +189,11 @@ def mask_url(url, *, path=False) -> str:
         return url
     parts = urllib.parse.urlsplit(url)
     netloc = parts.netloc
-    if parts.password is not None:
+    if "@" in netloc:
+        # A password masked; a user name alone is often a token (https://ghp_…@host).
         userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{host}"
+        user = userinfo.partition(":")[0] if parts.password is not None else MASK
+        netloc = f"{user}:{MASK}@{host}" if parts.password is not None else f"{user}@{host}"
     rest = (parts.path, parts.query, parts.fragment)
     segments = parts.path.strip("/").split("/")
     if path and (segments != [""] or parts.query):
@@ -200,7 +203,10 @@ def mask_url(url, *, path=False) -> str:
 
 def keep_masked(value, shown, stored):
     """`value` sent back with what was shown of `stored` left as it was: the stored
-    value in place of its mask, key by key in objects (a header's value)."""
+    value in place of its mask, key by key in objects (a header's value). A stored
+    value no key decrypts stays as it is when sent back empty or masked."""
+    if isinstance(stored, encryption.UNREADABLE) and value in (None, "", MASK, {}):
+        return stored
     if isinstance(value, dict) and isinstance(shown, dict) and isinstance(stored, dict):
         return {
             key: keep_masked(item, shown.get(key), stored.get(key)) if key in stored else item
@@ -209,11 +215,60 @@ def keep_masked(value, shown, stored):
     return stored if shown is not None and value == shown and value != stored else value
 
 
+# The config keys that say where requests (and the credentials with them) go.
+DESTINATIONS = ("url", "webhook_url", "oauth_token_url", "proxy")
+
+
+def _where(url) -> tuple | None:
+    if not isinstance(url, str) or not url:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    try:
+        return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return parts.scheme.lower(), parts.netloc.lower(), None
+
+
+def keep_secrets(value: dict, shown: dict, stored: dict) -> dict:
+    """A config sent back: masked values take their stored values again only while
+    it goes where it went (the same scheme, host and port of its URL, token URL and
+    proxy) — else a stored credential would follow a changed host; and a mask left
+    where no stored value stands (a new header, a changed URL's password) is refused,
+    never sent as a value. ValidationError in words."""
+    kept = keep_masked(value, shown, stored)
+    if kept != value and isinstance(stored, dict):
+        moved = [k for k in DESTINATIONS if _where(kept.get(k)) != _where(stored.get(k))]
+        if moved:
+            raise ValidationError(
+                f"The {', '.join(moved)} changed: type the secrets again (a stored "
+                "secret is only kept for the destination it was given for)."
+            )
+    left = masked_keys(kept)
+    if left:
+        raise ValidationError(
+            f"Type the value of {', '.join(left)} itself: {MASK} stands for a stored "
+            "value, and there is none for it here."
+        )
+    return kept
+
+
+def masked_keys(config, prefix="") -> list[str]:
+    found = []
+    if isinstance(config, dict) and not isinstance(config, encryption.UNREADABLE):
+        for key, item in config.items():
+            if isinstance(item, dict):
+                found += masked_keys(item, f"{prefix}{key}.")
+            elif isinstance(item, str) and MASK in item:
+                found.append(f"{prefix}{key}")
+    return found
+
+
 class TargetURLField(forms.CharField):
     """A target URL in the form: http(s), its scheme typed out, any host name the
     SSRF rules allow (a CharField: URLField would add https:// by itself and refuse
-    single-label hosts). Shown with its secrets masked once saved (mask_url, `path`
-    for a URL whose path is the secret); sent back unchanged, it keeps the stored one."""
+    single-label hosts). Its form shows a stored URL with its secrets masked (shown();
+    `path` for a URL whose path is the secret); sent back unchanged, it keeps the
+    stored one (keep_masked)."""
 
     widget = forms.URLInput(attrs={"size": 60})
 
@@ -221,11 +276,15 @@ class TargetURLField(forms.CharField):
         self.secret_path = secret_path
         super().__init__(**kwargs)
 
-    def prepare_value(self, value):
-        return mask_url(value, path=self.secret_path)
+    def shown(self, stored):
+        """What the form shows of a stored URL (its initial; never bound data)."""
+        return mask_url(stored, path=self.secret_path)
 
     def keep_masked(self, value, stored):
-        return keep_masked(value, mask_url(stored, path=self.secret_path), stored)
+        kept = keep_masked(value, self.shown(stored), stored)
+        if isinstance(kept, str) and MASK in kept:
+            raise ValidationError(f"Type the URL itself: {MASK} stands for a stored value.")
+        return kept
 
     def validate(self, value):
         super().validate(value)

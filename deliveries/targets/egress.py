@@ -44,9 +44,10 @@ def _certificate(pem: str, what: str) -> x509.Certificate:
         raise ValidationError(f"The {what} is not a PEM certificate.") from None
 
 
-def check_tls(cert_pem: str, key_pem: str, ca_pem: str, now=None) -> None:
+def check_tls(cert_pem: str, key_pem: str, ca_pem: str, now=None, *, dates=True) -> None:
     """Refuse a client certificate without its key or with another one, one that is
-    expired or not yet valid, and a CA that is not PEM certificates."""
+    expired or not yet valid (`dates`: a certificate given now, not one saved
+    before), and a CA that is not PEM certificates."""
     now = now or datetime.datetime.now(datetime.UTC)
     if bool(cert_pem) != bool(key_pem):
         raise ValidationError(
@@ -66,11 +67,11 @@ def check_tls(cert_pem: str, key_pem: str, ca_pem: str, now=None) -> None:
         spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
             raise ValidationError("The private key does not match the client certificate.")
-        if cert.not_valid_after_utc <= now:
+        if dates and cert.not_valid_after_utc <= now:
             raise ValidationError(
                 f"The client certificate expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC."
             )
-        if cert.not_valid_before_utc > now:
+        if dates and cert.not_valid_before_utc > now:
             raise ValidationError(
                 "The client certificate is not valid before "
                 f"{cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC."

@@ -69,7 +69,7 @@ class HeadersField(forms.CharField):
     """Extra headers in the target form, one `Name: value` per line.
 
     Their values are often credentials: the form shows them masked, and a line
-    sent back with the mask keeps the value stored (keep_masked)."""
+    sent back with the mask keeps the value stored (base.keep_secrets)."""
 
     MASK = MASK
     widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": "X-Token: secret"})
@@ -78,18 +78,6 @@ class HeadersField(forms.CharField):
         if isinstance(value, dict):
             return "\n".join(f"{k}: {self.MASK}" for k in value)
         return value
-
-    def keep_masked(self, headers: dict, stored: dict) -> dict:
-        """`headers` with each masked value replaced by the stored one."""
-        stored = stored if isinstance(stored, dict) else {}
-        kept = {}
-        for name, value in headers.items():
-            if value == self.MASK:
-                if name not in stored:
-                    raise ValidationError(f"Type the value of {name} (it was not set before).")
-                value = stored[name]
-            kept[name] = value
-        return kept
 
     def to_python(self, value):
         headers = {}
@@ -113,7 +101,7 @@ class HttpTarget(transport.SendsHTTP):
     main_field = "url"
 
     @classmethod
-    def clean_config(cls, config):
+    def clean_config(cls, config, *, known_certificate: str = ""):
         cleaned = {"url": require_url(config, "url")}
         headers = config.get("headers") or {}
         if not isinstance(headers, dict):
@@ -141,7 +129,7 @@ class HttpTarget(transport.SendsHTTP):
             raise ValidationError("'drop_query' must be true or false.")
         if drop_query:
             cleaned["drop_query"] = True
-        cleaned.update(_clean_egress(config, cleaned["url"], headers))
+        cleaned.update(_clean_egress(config, cleaned["url"], headers, known_certificate))
         unknown = set(config) - {"url", "headers", "timeout", "drop_query", *EGRESS}
         if unknown:
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
@@ -268,7 +256,7 @@ class HttpTarget(transport.SendsHTTP):
             oauth=_oauth(config),
         )
         req.shown = {
-            "request_url": with_query(url, query),
+            "request_url": mask_url(with_query(url, query)),
             "request_headers": masked_headers(headers.iteritems(), config.get("headers", {})),
         }
         return req
@@ -297,7 +285,7 @@ def _secret_input():
     return forms.TextInput(attrs={"autocomplete": "off", "size": 40})
 
 
-def _clean_egress(config: dict, url: str, headers: dict) -> dict:
+def _clean_egress(config: dict, url: str, headers: dict, known_certificate: str = "") -> dict:
     """The egress settings of `config`, checked; ValidationError in words."""
     cleaned = {}
     for key in EGRESS:
@@ -326,7 +314,7 @@ def _clean_egress(config: dict, url: str, headers: dict) -> dict:
     if any(tls):
         if urllib.parse.urlsplit(url).scheme != "https":
             raise ValidationError("A client certificate or a CA applies to https:// URLs only.")
-        egress.check_tls(*tls)
+        egress.check_tls(*tls, dates=tls[0] != known_certificate.strip())
     if "proxy" in cleaned:
         problem = egress.proxy_problem(cleaned["proxy"])
         if problem:

@@ -235,11 +235,22 @@ async def _post(req: Request) -> Outcome:
     refuses (401) is fetched again once and the request sent once more."""
     if req.proxy is not None:
         try:
-            await _vet_destination(req)
-        except (OSError, ssrf.BlockedAddress) as exc:
+            async with asyncio.timeout(req.timeout):
+                await _vet_destination(req)
+        except (OSError, ssrf.BlockedAddress, TimeoutError) as exc:
             return _failed(exc, req.timeout)
     if req.oauth is None:
         return await _post_once(req, req.headers)
+    try:
+        # Token, request, and a refreshed token and request again: all within the
+        # attempt's one deadline.
+        async with asyncio.timeout(req.timeout + _CONNECT_FIRST):
+            return await _post_with_token(req)
+    except TimeoutError as exc:
+        return _failed(exc, req.timeout)
+
+
+async def _post_with_token(req: Request) -> Outcome:
     refused = None
     for _ in range(2):
         try:
@@ -264,13 +275,18 @@ async def _vet_destination(req: Request) -> None:
     if not _is_literal(host):  # a literal was vetted when the request was built
         await client.guard.resolve(host, req.url.port or 0)
     if not req.proxy.trusted:
+        # A target's own proxy: connected to at the address the guard vetted, so a
+        # name that answers otherwise a moment later (rebinding) changes nothing.
         proxy = yarl.URL(req.proxy.url)
         if _is_literal(proxy.raw_host):
             reason = refused_literal(proxy.raw_host)
             if reason:
                 raise ssrf.BlockedAddress(f"proxy {reason}")
         else:
-            await client.guard.resolve(proxy.raw_host, proxy.port or 0)
+            vetted = await client.guard.resolve(proxy.raw_host, proxy.port or 0)
+            req.proxy = dataclasses.replace(
+                req.proxy, url=str(proxy.with_host(vetted[0]["host"])), trusted=True
+            )
 
 
 def _is_literal(host: str) -> bool:
@@ -307,8 +323,7 @@ async def _fetch_token(req: Request) -> tuple[int, bytes]:
             async with _session(token_req).post(
                 token_req.url, data=token_req.data, **_options(token_req, token_req.headers)
             ) as response:
-                body = await response.content.read(egress.TOKEN_ANSWER_LIMIT)
-                return response.status, body
+                return response.status, await _excerpt(response, egress.TOKEN_ANSWER_LIMIT)
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError, ssrf.BlockedAddress) as exc:
         failed = _failed(exc, token_req.timeout)
         raise egress.TokenError(f"token endpoint: {failed.error}", failed.failure) from None
@@ -332,7 +347,12 @@ def _options(req: Request, headers) -> dict:
     if req.proxy is not None:
         options["proxy"] = req.proxy.url
         if req.proxy.username or req.proxy.password:
-            options["proxy_auth"] = aiohttp.BasicAuth(req.proxy.username, req.proxy.password)
+            auth = aiohttp.BasicAuth(req.proxy.username, req.proxy.password).encode()
+            if req.url.scheme == "https":  # on the CONNECT, never inside the tunnel
+                options["proxy_headers"] = {"Proxy-Authorization": auth}
+            else:  # plain http goes to the proxy as it is
+                options["headers"] = headers.copy()
+                options["headers"]["Proxy-Authorization"] = auth
     return options
 
 
@@ -354,10 +374,11 @@ async def _post_once(req: Request, headers) -> Outcome:
     return _answered(response, excerpt)
 
 
-async def _excerpt(response) -> bytes:
+async def _excerpt(response, limit: int = RESPONSE_BODY_LIMIT) -> bytes:
+    """The answer's body up to `limit` bytes, however many reads it takes."""
     chunks, size = [], 0
-    while size < RESPONSE_BODY_LIMIT:
-        chunk = await response.content.read(RESPONSE_BODY_LIMIT - size)
+    while size < limit:
+        chunk = await response.content.read(limit - size)
         if not chunk:
             break
         chunks.append(chunk)

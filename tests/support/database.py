@@ -12,3 +12,15 @@ def prepared(statement: str) -> int:
             [statement[:60]],
         )
         return cursor.fetchone()[0]
+
+
+def raw(model, field_name, pk):
+    """The stored text of one column, as the database holds it."""
+    q = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {q(model._meta.get_field(field_name).column)} FROM {q(model._meta.db_table)} "
+            "WHERE id = %s",
+            [pk],
+        )
+        return cursor.fetchone()[0]

@@ -43,20 +43,22 @@ def test_an_alert_is_recorded_emailed_and_posted(target, sink, settings):
     assert "orders → ci" in text and "answered 410 Gone: paused" in text
 
 
-def test_one_alert_per_target_per_hour(target, make_target):
+def test_one_alert_of_each_kind_per_target_per_hour(target, make_target):
     assert raise_alert(target.pk, Alert.Kind.BREAKER, "breaker open for 10 min") is not None
-    assert raise_alert(target.pk, Alert.Kind.PAUSED, "paused") is None
-    assert len(mail.outbox) == 1
-    # Another target of the same owner is not held back by this one's alert.
+    assert raise_alert(target.pk, Alert.Kind.BREAKER, "breaker open for 20 min") is None
+    # Another kind is news: a reminder or a breaker never silences a pause.
+    assert raise_alert(target.pk, Alert.Kind.PAUSED, "paused") is not None
+    assert len(mail.outbox) == 2
+    # Another target of the same owner is not held back by this one's alerts.
     other = make_target("log", name="other")
-    assert raise_alert(other.pk, Alert.Kind.PAUSED, "paused") is not None
+    assert raise_alert(other.pk, Alert.Kind.BREAKER, "open") is not None
     # An hour later the first target may alert again.
     Alert.objects.filter(target=target).update(
         created_at=timezone.now() - datetime.timedelta(seconds=Alert.INTERVAL + 1)
     )
-    assert raise_alert(target.pk, Alert.Kind.PAUSED, "paused") is not None
-    assert Alert.objects.filter(target=target).count() == 2
-    assert len(mail.outbox) == 3
+    assert raise_alert(target.pk, Alert.Kind.BREAKER, "still open") is not None
+    assert Alert.objects.filter(target=target).count() == 3
+    assert len(mail.outbox) == 4
 
 
 def test_an_owner_without_email_and_a_failing_alert_url_are_recorded(make_target, sink, user):

@@ -20,6 +20,7 @@ from django.urls import reverse
 from deliveries.fields import encrypted_fields
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Target, Webhook
 from tests.support.admin import client_for
+from tests.support.database import raw
 from tests.support.engines import pump, started_engine, store
 from webhooker import encryption
 
@@ -75,18 +76,6 @@ def every_secret(user):
         http.signing_secret,
         http.previous_signing_secret,
     ]
-
-
-def raw(model, field_name, pk):
-    """The stored text of one column, as the database holds it."""
-    q = connection.ops.quote_name
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {q(model._meta.get_field(field_name).column)} FROM {q(model._meta.db_table)} "
-            "WHERE id = %s",
-            [pk],
-        )
-        return cursor.fetchone()[0]
 
 
 @pytest.mark.django_db(transaction=True)
