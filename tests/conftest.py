@@ -11,6 +11,7 @@ from django.contrib.auth.models import Group, Permission
 from deliveries import ssrf, tracing
 from deliveries.models import Target, Webhook
 from tests.support import egress
+from tests.support.keys import KEY_A
 from tests.support.sink import Sink
 
 # Tracing only where a test turns it on (tests/web/test_tracing.py), here or in the
@@ -176,6 +177,17 @@ def servers():
 def proxy(servers):
     """A local forward proxy recording what it forwarded: (port, forwarded)."""
     return egress.forward_proxy(servers)
+
+
+@pytest.fixture
+def keys(settings):
+    """keys(*keys) sets the encryption keys in force; KEY_A alone to begin with."""
+
+    def use(*keys):
+        settings.ENCRYPTION_KEYS = list(keys)
+
+    use(KEY_A)
+    return use
 
 
 @pytest.fixture

@@ -22,24 +22,14 @@ from deliveries.models import Delivery, DeliveryResult, Entrypoint, Target, Webh
 from tests.support.admin import client_for
 from tests.support.database import raw
 from tests.support.engines import pump, started_engine, store
+from tests.support.keys import KEY_A, KEY_B
 from webhooker import encryption
-
-KEY_A, KEY_B = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 
 HEADER = "Bearer s3cr3t-header-value"
 URL_PASSWORD = "s3cr3t-url-password"
 SLACK = "https://hooks.slack.com/services/T000/B000/s3cr3t-slack-path"
 INBOUND = "s3cr3t-inbound-secret"
 ALERT = "https://hooks.slack.com/services/T1/B1/s3cr3t-alert-path"
-
-
-@pytest.fixture
-def keys(settings):
-    def use(*keys):
-        settings.ENCRYPTION_KEYS = list(keys)
-
-    use(KEY_A)
-    return use
 
 
 def every_secret(user):

@@ -12,7 +12,6 @@ import time
 import pytest
 import trustme
 from auditlog.models import LogEntry
-from cryptography.fernet import Fernet
 from django.urls import reverse
 
 from deliveries.models import DeliveryResult, Target, Webhook
@@ -22,21 +21,12 @@ from tests.support.api import client_of
 from tests.support.database import raw
 from tests.support.egress import client_pems, receiver, run
 from tests.support.engines import attempt_one
+from tests.support.keys import KEY_A, KEY_B
 from webhooker import encryption
 
 pytestmark = pytest.mark.django_db
 
-KEY_A, KEY_B = Fernet.generate_key().decode(), Fernet.generate_key().decode()
 ALERT = "https://hooks.slack.com/services/T/B/s3cr3t-alert"
-
-
-@pytest.fixture
-def keys(settings):
-    def use(*keys):
-        settings.ENCRYPTION_KEYS = list(keys)
-
-    use(KEY_A)
-    return use
 
 
 def test_the_audit_log_masks_every_egress_secret(user, keys):
