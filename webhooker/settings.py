@@ -449,6 +449,9 @@ except ImproperlyConfigured as exc:
 # Unset parts stay Django's defaults rather than becoming None.
 globals().update({key: value for key, value in _email.items() if value is not None})
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="webhooker@localhost")
+# Seconds an alert email may take to send; a mail server that does not answer must
+# not hold the engine's alerts thread (Django's default is to wait forever).
+EMAIL_TIMEOUT = _number("EMAIL_TIMEOUT", 10, minimum=1)
 
 # --- REST API (deliveries/api) -----------------------------------------------------
 # Requests per API key, counted in Django's cache (per process unless a shared

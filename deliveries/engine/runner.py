@@ -183,6 +183,11 @@ class Runner:
     # Graceful stop waits this long for running attempts: the longest per-target
     # timeout a config may set, plus a margin.
     DRAIN_TIMEOUT = 310.0
+    # The threads that deliver nothing (heartbeat, alerts, housekeeping) are waited
+    # for this long at a stop: an alert stuck on a mail server or a prune in a long
+    # statement must not hold a stopping engine for the whole drain time. They are
+    # daemons; what they did not finish is done by the next engine.
+    AUXILIARY_JOIN = 10.0
     # Seconds between two looks for alerts to raise and send.
     ALERTS = 1.0
     # The intake loop or the writer not turning for this long means the engine is
@@ -302,9 +307,10 @@ class Runner:
         for task in engine.channel.drain() + engine.gate.drain_parked():
             engine.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
-        self._join("heartbeat", timeout)
-        self._join("alerts", timeout)
-        self._join("housekeeping", timeout)
+        for group in ("heartbeat", "alerts", "housekeeping"):
+            self._join(group, min(timeout, self.AUXILIARY_JOIN))
+            if self._alive(group):
+                logger.warning("engine stopping without its %s thread, still busy", group)
         try:
             connection.close_if_unusable_or_obsolete()
             heartbeat.beat(engine.config.name, self.gauges(), stopped=True)

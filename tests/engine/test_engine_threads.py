@@ -1,10 +1,13 @@
 """The engine on real threads against real local HTTP servers."""
 
+import threading
 import time
 from collections import Counter
 
 import pytest
 
+from deliveries.engine.core import Engine
+from deliveries.engine.runner import Runner
 from deliveries.models import Delivery, DeliveryResult
 from tests.support.engines import RunningEngine, store
 from tests.support.processes import wait_until
@@ -183,3 +186,25 @@ def test_intake_waits_for_room_in_a_full_channel_instead_of_spinning(entrypoint,
     loop.join(10)
     assert engine.channel.depth() == 2
     assert passes["n"] <= 10
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_alert_stuck_in_its_channel_does_not_hold_the_engines_stop(entrypoint, monkeypatch):
+    # The alerts thread waiting on a mail server that never answers: the engine's
+    # stop waits for it a moment, not its whole drain time (310 s).
+    stuck = threading.Event()
+
+    def alert_stuck(engine):
+        stuck.set()
+        threading.Event().wait(600)
+
+    monkeypatch.setattr(Engine, "alert_once", alert_stuck)
+    running = RunningEngine()
+    monkeypatch.setattr(Runner, "AUXILIARY_JOIN", 0.5)
+    with running as runner:
+        assert stuck.wait(10)
+        started = time.monotonic()
+        runner.stop()
+        running.thread.join(30)
+        assert not running.thread.is_alive()
+        assert time.monotonic() - started < 10
