@@ -697,7 +697,7 @@ def test_gunicorn_stops_at_once_on_each_stop_signal(data_dir, signum):
     # SIGINT and SIGQUIT are gunicorn's quick stop: it sends its workers SIGQUIT,
     # which uvicorn's worker class took in without stopping its server (gunicorn
     # then waited its 30 s graceful timeout and killed them).
-    web, base = start_web(data_dir, workers=1)
+    web, _base = start_web(data_dir, workers=1)
     started = time.monotonic()
     web.send(signum)
     assert web.wait(15) == 0
