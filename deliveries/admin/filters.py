@@ -156,24 +156,6 @@ class DeliveryStatusFilter(CappedFacets, DropdownFilter):
         return counts
 
 
-class SearchInFilter(DropdownFilter):
-    """What the search box searches: codes and event ids (indexed), or a bounded
-    window of headers or payloads (deliveries/admin/search.py)."""
-
-    title = "search in"
-    parameter_name = "search_in"
-    all_option = ["", "Code prefix or event id"]
-
-    def lookups(self, request, model_admin):
-        return [("headers", "Header values"), ("payload", "Payload text")]
-
-    def queryset(self, request, queryset):
-        return queryset  # the search itself reads the choice
-
-    def get_facet_queryset(self, changelist):
-        return {}  # not a filter: nothing to count
-
-
 class DeliveryWebhookFilter(WebhookFilter):
     field = "target__webhook"
 

@@ -361,3 +361,20 @@ def test_no_warning_once_the_alerts_have_somewhere_to_go(alice):
     alice.save()
     body = client_for(alice).get(reverse("admin:index")).content.decode()
     assert "wh-alerts-nowhere" not in body
+
+
+def test_search_in_is_chosen_beside_the_search_box_not_in_the_filters(alice):
+    world(alice, "h")
+    page = client_for(alice).get(
+        reverse("admin:deliveries_event_changelist"), {"search_in": "payload", "q": "ok"}
+    )
+    assert page.status_code == 200
+    text = page.content.decode()
+    form = text[text.index('id="changelist-search"') :]
+    form = form[: form.index("</form>")]
+    # One form: the box and what it searches, the choice kept.
+    assert 'name="q"' in form and 'name="search_in"' in form
+    assert re.search(r'<option value="payload"\s+selected', form)
+    # No longer a filter of the drawer.
+    assert all(spec.title != "search in" for spec in page.context["cl"].filter_specs)
+    assert page.context["cl"].result_count is not None
