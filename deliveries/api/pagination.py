@@ -26,3 +26,23 @@ class NewestFirst(CursorPagination):
                 {self.page_size_query_param: [f"A whole number from 1 to {self.max_page_size}."]}
             )
         return min(size, self.max_page_size)
+
+    def decode_cursor(self, request):
+        # `cursor=` sent empty is a mistake, as any parameter sent empty is.
+        if request.query_params.get(self.cursor_query_param) == "":
+            raise ValidationError({self.cursor_query_param: ["Sent empty: leave it out."]})
+        return super().decode_cursor(request)
+
+    def get_schema_operation_parameters(self, view):
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                # No maximum: more than the most is answered with the most.
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+                parameter["description"] = (
+                    f"Rows per page, from 1 ({self.page_size} when left out; above "
+                    f"{self.max_page_size}, {self.max_page_size})."
+                )
+            elif parameter["name"] == self.cursor_query_param:
+                parameter["schema"] = {"type": "string", "minLength": 1}
+        return parameters

@@ -1,12 +1,11 @@
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 
 from deliveries.api.errors import ErrorSerializer
 
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[\\x21-\\x7e]+$"},
     OpenApiParameter.HEADER,
     description="Send a POST again with the same key (and the same body) within 24 h to "
     "get its first answer again, with no second effect; the same key with another "
@@ -36,10 +35,13 @@ class ApiSchema(AutoSchema):
                 )
         return responses
 
+    def _is_export(self) -> bool:
+        return getattr(self.view, "action", None) == "export"
+
     def _error_codes(self) -> list[str]:
         codes = []
         listing = self._is_list_view()
-        if self.method in ("POST", "PUT", "PATCH") or listing:
+        if self.method in ("POST", "PUT", "PATCH") or listing or self._is_export():
             codes.append("400")  # invalid body, or invalid query parameters
         if self.view.authentication_classes:
             codes += ["401", "429"]
@@ -48,3 +50,31 @@ class ApiSchema(AutoSchema):
         if self.method == "POST":
             codes += ["409", "422"]  # Idempotency-Key: still being answered; reused
         return codes
+
+
+NO_NUL = "^[^\\u0000]*$"
+
+
+def closed_request_bodies(result, generator, request, public):
+    """drf-spectacular postprocessing hook: request bodies admit no other keys (the
+    API answers an unknown key with 400, deliveries/api/strict.py)."""
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if (name.endswith("Request") or name.startswith("Patched")) and "properties" in component:
+            component["additionalProperties"] = False
+            for field in component["properties"].values():
+                # Text fields refuse NUL (DRF's ProhibitNullCharactersValidator).
+                if field.get("type") == "string" and not (
+                    {"format", "enum", "pattern"} & field.keys()
+                ):
+                    field["pattern"] = NO_NUL
+    # A bulk action names what it acts on: a body, and something in it.
+    for path in ("/api/v1/deliveries/redeliver/", "/api/v1/events/replay/"):
+        body = result["paths"].get(path, {}).get("post", {}).get("requestBody")
+        if body is not None:
+            body["required"] = True
+            for media in body.get("content", {}).values():
+                ref = media.get("schema", {}).get("$ref", "")
+                component = result["components"]["schemas"].get(ref.rsplit("/", 1)[-1])
+                if component is not None:
+                    component["minProperties"] = 1
+    return result

@@ -9,6 +9,7 @@ from django.core.exceptions import NON_FIELD_ERRORS
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import models
 from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
@@ -22,6 +23,27 @@ from deliveries.targets import TARGET_TYPES
 from deliveries.targets.base import MASK as SHOWN_SECRET
 from deliveries.targets.base import keep_masked, keep_secrets, mask_url, masked_keys
 from deliveries.transforms import validate_program
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ObjectField(serializers.JSONField):
+    """A JSON object (a config): documented as one, so a client knows null is not."""
+
+
+@extend_schema_field({"type": "array", "items": {}})
+class ArrayField(serializers.JSONField):
+    """A JSON array (filters, a retry schedule), checked by the model's cleaner."""
+
+
+@extend_schema_field(
+    {
+        "type": "array",
+        "items": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 604800},
+        "maxItems": 50,
+    }
+)
+class ScheduleField(serializers.JSONField):
+    """A retry schedule: delays in seconds (engine/backoff.py checks it)."""
 
 
 class OwnedRelatedField(serializers.PrimaryKeyRelatedField):
@@ -79,6 +101,16 @@ class WebhookSerializer(ModelCleaned):
     entrypoints = EntrypointBriefSerializer(many=True, read_only=True)
     clean_exclude = ("owner",)
 
+    # A string, not a "uri": it reads back masked (••••••••), which no URI holds;
+    # the model checks what is written.
+    alert_url = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="A Slack-compatible incoming-webhook URL; read back with its path "
+        "masked, and sending that back keeps the stored one.",
+    )
+
     class Meta:
         model = Webhook
         fields = [
@@ -94,12 +126,6 @@ class WebhookSerializer(ModelCleaned):
             "updated_at",
         ]
         read_only_fields = ["created_at"]
-        extra_kwargs = {
-            "alert_url": {
-                "help_text": "A Slack-compatible incoming-webhook URL; read back with its path "
-                "masked, and sending that back keeps the stored one."
-            }
-        }
 
     def to_representation(self, obj):
         data = super().to_representation(obj)
@@ -137,7 +163,7 @@ class EntrypointSerializer(EntrypointBriefSerializer, ModelCleaned):
     webhook = OwnedRelatedField(
         queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
     )
-    verification_config = serializers.JSONField(
+    verification_config = ObjectField(
         required=False,
         help_text='The preset\'s settings, e.g. {"secret": "..."}. Secrets read back as '
         f"{MASK!r}; sending that (or leaving a secret out) keeps the stored one.",
@@ -198,12 +224,16 @@ class TargetSerializer(ModelCleaned):
     webhook = OwnedRelatedField(
         queryset=Webhook.objects.all(), help_text="Set at creation; cannot change."
     )
-    config = serializers.JSONField(
+    config = ObjectField(
         required=False,
         help_text="Per type: http {url, headers?, timeout?}; slack {webhook_url}; "
         "database and log none. Read back with its secrets masked (header values, a "
         "password in the URL, a Slack URL's path); sending a masked value back keeps the "
         "stored one.",
+    )
+    filters = ArrayField(required=False, help_text=Target._meta.get_field("filters").help_text)
+    retry_schedule = ScheduleField(
+        required=False, help_text=Target._meta.get_field("retry_schedule").help_text
     )
     clean_exclude = ("webhook",)
     create_only = ("webhook",)

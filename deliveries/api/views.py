@@ -144,7 +144,7 @@ class TargetViewSet(CrudViewSet):
     def pause(self, request, pk=None):
         """Hold the target's deliveries, unattempted, until resumed."""
         target = self.get_object()
-        form = s.PauseSerializer(data=request.data)
+        form = s.PauseSerializer(data=request.data, context=self.get_serializer_context())
         form.is_valid(raise_exception=True)
         Target.objects.filter(pk=target.pk).pause(form.validated_data["reason"])
         return self._current(target)
@@ -176,7 +176,7 @@ class TargetViewSet(CrudViewSet):
         """What the target would be sent for one of its webhook's stored events: its
         filters, then its transform (or `transform`, unsaved), nothing sent."""
         target = self.get_object()
-        form = s.PreviewRequestSerializer(data=request.data)
+        form = s.PreviewRequestSerializer(data=request.data, context=self.get_serializer_context())
         form.is_valid(raise_exception=True)
         event = Event.objects.filter(webhook_id=target.webhook_id, pk=form.validated_data["event"])
         event = event.first()
@@ -271,7 +271,7 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
         """An edited copy of the event (`body`, `headers`), stored as a new event
         linked to it (`resent_from`) and delivered as usual."""
         event = self.get_object()
-        form = s.ResendSerializer(data=request.data)
+        form = s.ResendSerializer(data=request.data, context=self.get_serializer_context())
         form.is_valid(raise_exception=True)
         body = form.validated_data.get("body")
         copy = event.resend(
@@ -351,7 +351,7 @@ class DeliveryViewSet(ExportMixin, ReadOnlyViewSet):
     def redeliver(self, request):
         """Send finished deliveries again (by `ids` or by filter, e.g. failed ones
         of a target since a time). Pending and retrying ones are on their way."""
-        selection = DeliverySelection(data=request.data)
+        selection = DeliverySelection(data=request.data, context=self.get_serializer_context())
         deliveries = self.selected(Delivery.objects.visible_to(request.user), selection)
         matched = deliveries.count()
         return Response({"queued": deliveries.redeliver(), "matched": matched})
