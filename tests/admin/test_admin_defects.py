@@ -2,7 +2,6 @@
 its fix."""
 
 import io
-from html.parser import HTMLParser
 
 import pytest
 from django.core.management import call_command
@@ -13,7 +12,7 @@ from unfold.widgets import INPUT_CLASSES
 from deliveries.admin.base import STATUS_COLOURS, CappedCountPaginator, status_badge
 from deliveries.admin.events import OUTCOME_ORDER
 from deliveries.models import Delivery, Event, Target
-from tests.support.admin import client_for, inline_data, target_form_data, world
+from tests.support.admin import Tags, client_for, inline_data, target_form_data, world
 from tests.support.engines import store
 
 pytestmark = pytest.mark.django_db
@@ -193,21 +192,6 @@ def test_the_alert_url_needs_its_scheme_too(alice):
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors["alert_url"]
     assert "http:// or https://" in " ".join(errors)
-
-
-class Tags(HTMLParser):
-    """Each start tag of a page: (tag, its attributes)."""
-
-    def __init__(self, page):
-        super().__init__()
-        self.tags = []
-        self.feed(page)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append((tag, dict(attrs)))
-
-    def find(self, tag, **attrs):
-        return [a for t, a in self.tags if t == tag and attrs.items() <= a.items()]
 
 
 @pytest.mark.parametrize(("action", "field"), [("pause", "reason"), ("redeliver_failed", "since")])

@@ -20,8 +20,7 @@ from deliveries.admin import health
 from deliveries.admin.base import CappedCountPaginator
 from deliveries.alerts import raise_alert
 from deliveries.models import Alert, Delivery, DeliveryResult, Event, Target, Webhook
-from tests.admin.test_admin_defects import Tags
-from tests.support.admin import client_for, inline_data, world
+from tests.support.admin import Tags, client_for, inline_data, world
 from tests.support.api import client_of
 from tests.support.engines import store
 

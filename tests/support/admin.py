@@ -1,5 +1,7 @@
 """Users' worlds for the admin and ownership tests."""
 
+from html.parser import HTMLParser
+
 from django.test import Client
 
 from deliveries.models import Delivery, DeliveryResult, Target, Webhook
@@ -88,3 +90,18 @@ def inline_data(**target):
     }
     data.update({f"targets-0-{k}": v for k, v in target.items()})
     return data
+
+
+class Tags(HTMLParser):
+    """Each start tag of a page: (tag, its attributes)."""
+
+    def __init__(self, page):
+        super().__init__()
+        self.tags = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def find(self, tag, **attrs):
+        return [a for t, a in self.tags if t == tag and attrs.items() <= a.items()]
