@@ -28,15 +28,13 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 
+from deliveries import targets
 from deliveries.targets.base import MASK, mask_url
-from deliveries.targets.http import SECRETS
+from deliveries.verification import PRESETS
 from webhooker import request_context
 
-# Keys of a config whose values are credentials: an entrypoint's verification
-# secrets, and an http target's (targets/http.py).
-SECRET_KEYS = {"secret", "password", "token", "client_secret", *SECRETS}
-# Keys whose values are URLs: their passwords (and a Slack URL's path) masked.
-URL_KEYS = {"url": False, "oauth_token_url": False, "proxy": False, "webhook_url": True}
+# The settings of the verification presets that are secrets.
+VERIFICATION_SECRETS = {key for preset in PRESETS.values() for key in preset.secret_keys}
 
 
 def mask(value: str) -> str:
@@ -53,16 +51,8 @@ def mask(value: str) -> str:
         return MASK
     if not isinstance(config, dict):
         return MASK
-    shown = {}
-    for key, item in config.items():
-        if key in URL_KEYS:
-            item = mask_url(item, path=URL_KEYS[key])
-        elif key == "headers" and isinstance(item, dict):
-            item = dict.fromkeys(item, MASK)
-        elif key in SECRET_KEYS:
-            item = MASK
-        shown[key] = item
-    return repr(shown)
+    shown = targets.shown_config(config)
+    return repr({k: MASK if k in VERIFICATION_SECRETS and v else v for k, v in shown.items()})
 
 
 def register(Webhook, Entrypoint, Target, ApiKey) -> None:

@@ -46,7 +46,7 @@ class EncryptedTextField(models.TextField):
     def get_prep_value(self, value):
         if isinstance(value, encryption.UNREADABLE):
             return value.token
-        value = super().get_prep_value(value) if not isinstance(value, dict | list) else value
+        value = super().get_prep_value(value)  # to_python: a JSON field's value as it is
         if value is None or value == "":
             return value
         return encryption.encrypt(self.to_text(value))
@@ -80,11 +80,6 @@ class EncryptedJSONField(EncryptedTextField):
 
     def to_python(self, value):
         return value  # a JSON value as it is (TextField's would make it a str)
-
-    def get_prep_value(self, value):
-        if value is None:
-            return None
-        return super().get_prep_value(value)
 
     def formfield(self, **kwargs):
         return super().formfield(**{"form_class": forms.JSONField, **kwargs})

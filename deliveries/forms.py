@@ -157,9 +157,10 @@ class TargetForm(forms.ModelForm, _ConfigFields):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        config = self.instance.config or {}
-        for name in _ConfigFields.base_fields.keys() & config.keys():
-            self.initial.setdefault(name, _shown(_ConfigFields.base_fields[name], config[name]))
+        kind = TARGET_TYPES.get(self.instance.type)
+        shown = kind.shown_config(self.instance.config or {}) if kind else {}
+        for name in _ConfigFields.base_fields.keys() & shown.keys():
+            self.initial.setdefault(name, shown[name])
         self.fields["type"].widget.attrs["data-target-type"] = "1"
         if self.instance.webhook_id:
             # The "deliver only these event types" shortcut offers what it has seen.
@@ -223,11 +224,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
                 self.add_error(name, field.error_messages["required"])
         if not self.errors and stored and type_ == self.instance.type:
             # What the form showed of the stored config, sent back, keeps it.
-            shown = {
-                name: _shown(fields[name], value)
-                for name, value in stored.items()
-                if name in fields
-            }
+            shown = TARGET_TYPES[type_].shown_config(stored)
             try:
                 config = keep_secrets(config, shown, stored)
             except ValidationError as exc:
@@ -244,18 +241,6 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             except ValidationError as exc:
                 self.add_error(TARGET_TYPES[type_].main_field, exc.messages)
         return cleaned
-
-
-def _shown(field, value):
-    """What the target form shows of a stored config value: a secret as MASK, a URL
-    with its secrets masked, header values masked (HeadersField), the rest as is."""
-    if getattr(field, "secret", False):
-        return MASK if value else value
-    if hasattr(field, "shown"):
-        return field.shown(value)
-    if isinstance(value, dict) and hasattr(field, "MASK"):
-        return dict.fromkeys(value, MASK)
-    return value
 
 
 class PauseForm(forms.Form):

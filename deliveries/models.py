@@ -378,7 +378,7 @@ class Target(Audited, models.Model):
         ):
             try:
                 self.config = targets.clean_config(
-                    self.type, self.config, known_certificate=self._stored_certificate()
+                    self.type, self.config, stored=self._stored_config()
                 )
             except ValidationError as exc:
                 errors["config"] = exc.error_list
@@ -395,13 +395,13 @@ class Target(Audited, models.Model):
         if errors:
             raise ValidationError(errors)
 
-    def _stored_certificate(self) -> str:
-        """The client certificate saved already (its dates were checked when it was
-        given: an expired one still lets the rest of the target be edited)."""
+    def _stored_config(self) -> dict | None:
+        """The config as saved already (None for a new target, or one that cannot be
+        read): what was checked when it was given need not be checked again."""
         if self._state.adding or self.pk is None:
-            return ""
+            return None
         stored = Target.objects.filter(pk=self.pk).values_list("config", flat=True).first()
-        return stored.get("tls_client_cert", "") if isinstance(stored, dict) else ""
+        return stored if isinstance(stored, dict) and not encryption.unreadable(stored) else None
 
     def rotate_signing_secret(self) -> str:
         """A new signing secret; the current one stays valid for the rotation overlap.

@@ -7,7 +7,14 @@ form's fields and the admin's fieldsets are all built from it.
 
 from django.core.exceptions import ValidationError
 
-from deliveries.targets.base import RESPONSE_BODY_LIMIT, Outcome, TargetType, require_mapping
+from deliveries.targets.base import (
+    RESPONSE_BODY_LIMIT,
+    Outcome,
+    TargetType,
+    config_fields,
+    require_mapping,
+    shown_by,
+)
 from deliveries.targets.database import DatabaseTarget
 from deliveries.targets.http import HttpTarget
 from deliveries.targets.log import LogTarget
@@ -23,6 +30,15 @@ def choices() -> list[tuple[str, str]]:
     return [(type_, kind.label) for type_, kind in TARGET_TYPES.items()]
 
 
+def shown_config(config: dict) -> dict:
+    """A config of whichever type as it is shown once saved (config keys are unique
+    across types: each type's fields show their own)."""
+    fields = {}
+    for kind in TARGET_TYPES.values():
+        fields.update(config_fields(type(kind)))
+    return shown_by(fields, config)
+
+
 def get_target_type(type_: str) -> TargetType:
     try:
         return TARGET_TYPES[type_]
@@ -30,14 +46,9 @@ def get_target_type(type_: str) -> TargetType:
         raise ValidationError(f"Unknown target type {type_!r}.") from None
 
 
-def clean_config(type_: str, config, *, known_certificate: str = "") -> dict:
-    """`config` checked against its type; `known_certificate`, a client certificate
-    saved already, whose dates are not checked again."""
-    kind = get_target_type(type_)
-    config = require_mapping(config)
-    if kind.type == "http":
-        return kind.clean_config(config, known_certificate=known_certificate)
-    return kind.clean_config(config)
+def clean_config(type_: str, config, *, stored: dict | None = None) -> dict:
+    """`config` checked against its type (`stored`: as saved already, if it was)."""
+    return get_target_type(type_).clean_config(require_mapping(config), stored=stored)
 
 
 __all__ = [

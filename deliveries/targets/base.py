@@ -104,8 +104,10 @@ class TargetType:
     main_field: ClassVar[str | None] = None
 
     @classmethod
-    def clean_config(cls, config: dict) -> dict:
-        """Return the normalised config, or raise ValidationError with messages."""
+    def clean_config(cls, config: dict, *, stored: dict | None = None) -> dict:
+        """Return the normalised config, or raise ValidationError with messages.
+        `stored`: the config as saved already (what was checked when it was given
+        need not be checked again), None for a new target."""
         return {}
 
     @classmethod
@@ -123,9 +125,10 @@ class TargetType:
 
     @classmethod
     def shown_config(cls, config: dict) -> dict:
-        """The config as the API shows it once saved: its secrets masked. Sent back
-        as shown, each masked value keeps the stored one (keep_masked)."""
-        return config
+        """The config as the console and the API show it once saved: what each of
+        its form fields shows of a stored value (`shown()`: secrets masked). Sent
+        back as shown, each masked value keeps the stored one (keep_secrets)."""
+        return shown_by(config_fields(cls), config)
 
     def request(self, task: Task, body: bytes):
         """The HTTP request (transport.Request) that delivers `body`, which the
@@ -294,13 +297,30 @@ class TargetURLField(forms.CharField):
 
 
 class SecretField(forms.CharField):
-    """A credential in the target form: once saved, the form shows MASK in its place
-    (TargetForm); sent back so, the stored value stays. Empty removes it."""
+    """A credential in the target form: once saved, shown as MASK; sent back so, the
+    stored value stays (keep_secrets). Empty removes it."""
 
-    secret = True
+    def shown(self, stored):
+        return MASK if stored else stored
 
-    def keep_masked(self, value, stored):
-        return stored if value == MASK and stored else value
+
+_CONFIG_FIELDS: dict[type, dict] = {}
+
+
+def config_fields(kind) -> dict[str, forms.Field]:
+    """A target type's config form fields, made once (shown_config reads them)."""
+    if kind not in _CONFIG_FIELDS:
+        _CONFIG_FIELDS[kind] = kind.form_fields()
+    return _CONFIG_FIELDS[kind]
+
+
+def shown_by(fields: dict, config: dict) -> dict:
+    """`config` as `fields` show its stored values (a field's `shown()`; the rest as
+    they are)."""
+    return {
+        key: fields[key].shown(value) if hasattr(fields.get(key), "shown") else value
+        for key, value in config.items()
+    }
 
 
 def masked_headers(lines, secret_names=()) -> tuple:

@@ -71,12 +71,14 @@ class HeadersField(forms.CharField):
     Their values are often credentials: the form shows them masked, and a line
     sent back with the mask keeps the value stored (base.keep_secrets)."""
 
-    MASK = MASK
     widget = forms.Textarea(attrs={"rows": 3, "cols": 60, "placeholder": "X-Token: secret"})
 
+    def shown(self, stored):
+        return dict.fromkeys(stored, MASK) if isinstance(stored, dict) else stored
+
     def prepare_value(self, value):
-        if isinstance(value, dict):
-            return "\n".join(f"{k}: {self.MASK}" for k in value)
+        if isinstance(value, dict):  # as shown(): one line per header, values masked
+            return "\n".join(f"{k}: {v}" for k, v in value.items())
         return value
 
     def to_python(self, value):
@@ -101,7 +103,7 @@ class HttpTarget(transport.SendsHTTP):
     main_field = "url"
 
     @classmethod
-    def clean_config(cls, config, *, known_certificate: str = ""):
+    def clean_config(cls, config, *, stored=None):
         cleaned = {"url": require_url(config, "url")}
         headers = config.get("headers") or {}
         if not isinstance(headers, dict):
@@ -129,23 +131,14 @@ class HttpTarget(transport.SendsHTTP):
             raise ValidationError("'drop_query' must be true or false.")
         if drop_query:
             cleaned["drop_query"] = True
-        cleaned.update(_clean_egress(config, cleaned["url"], headers, known_certificate))
+        # A client certificate saved already had its dates checked when it was given:
+        # an expired one still lets the rest of the target be edited.
+        known = (stored or {}).get("tls_client_cert", "")
+        cleaned.update(_clean_egress(config, cleaned["url"], headers, known))
         unknown = set(config) - {"url", "headers", "timeout", "drop_query", *EGRESS}
         if unknown:
             raise ValidationError(f"Unknown keys for an http target: {', '.join(sorted(unknown))}.")
         return cleaned
-
-    @classmethod
-    def shown_config(cls, config):
-        shown = {**config, "url": mask_url(config.get("url"))}
-        for key in SECRETS:
-            if config.get(key):
-                shown[key] = MASK
-        if config.get("proxy"):
-            shown["proxy"] = mask_url(config["proxy"])
-        if config.get("headers"):
-            shown["headers"] = dict.fromkeys(config["headers"], MASK)
-        return shown
 
     @classmethod
     def form_fields(cls):
@@ -262,8 +255,8 @@ class HttpTarget(transport.SendsHTTP):
         return req
 
 
-# Egress settings of an http target's config (egress.py), and which are secrets:
-# never shown back once saved.
+# Egress settings of an http target's config (egress.py); the secrets among them
+# are SecretFields (form_fields), never shown back once saved.
 EGRESS = (
     "basic_username",
     "basic_password",
@@ -277,7 +270,6 @@ EGRESS = (
     "tls_ca_cert",
     "proxy",
 )
-SECRETS = ("basic_password", "oauth_client_secret", "tls_client_key")
 OAUTH = ("oauth_token_url", "oauth_client_id", "oauth_client_secret")
 
 

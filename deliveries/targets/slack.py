@@ -2,7 +2,7 @@ import contextlib
 import json
 
 from deliveries.targets import transport
-from deliveries.targets.base import TargetURLField, mask_url, require_url
+from deliveries.targets.base import TargetURLField, require_url
 
 MESSAGE_LIMIT = 3500
 
@@ -29,7 +29,7 @@ class SlackTarget(transport.SendsHTTP):
     main_field = "webhook_url"
 
     @classmethod
-    def clean_config(cls, config):
+    def clean_config(cls, config, *, stored=None):
         return {"webhook_url": require_url(config, "webhook_url")}
 
     @classmethod
@@ -42,10 +42,6 @@ class SlackTarget(transport.SendsHTTP):
                 error_messages={"required": "A Slack target needs its webhook URL."},
             )
         }
-
-    @classmethod
-    def shown_config(cls, config):
-        return {**config, "webhook_url": mask_url(config.get("webhook_url"), path=True)}
 
     def request(self, task, body):
         # A transform's output is the message itself (Slack's {"text": ...} or
