@@ -1065,3 +1065,118 @@ class IdempotentRequest(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class ReplayJobQuerySet(OwnedQuerySet):
+    owner_path = "webhook__owner"
+
+    def active(self):
+        return self.filter(state__in=ReplayJob.ACTIVE)
+
+
+class ReplayJob(models.Model):
+    """Send again what a webhook received in a time range (deliveries/replays.py).
+
+    Run by the engines, never in a web request: the engine owning partition
+    `id % DELIVERY_PARTITIONS` plans it (one ReplayItem per delivery to send, in one
+    transaction), and each item is queued by the engine owning its target's
+    partition, at most REPLAY_WINDOW of a job's deliveries per target at a time, so
+    pause and cancel take effect within one window and the target's rate limit and
+    breaker pace the job.
+    """
+
+    class State(models.TextChoices):
+        PLANNING = "planning"
+        RUNNING = "running"
+        PAUSED = "paused"
+        CANCELLED = "cancelled"
+        DONE = "done"
+
+    ACTIVE = (State.PLANNING, State.RUNNING)
+    FINISHED = (State.CANCELLED, State.DONE)
+
+    webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="replays")
+    # Events received at or after `since` and before `until`.
+    since = models.DateTimeField()
+    until = models.DateTimeField()
+    # Only the deliveries to this target (None: to any target of the webhook)...
+    target = models.ForeignKey(Target, models.CASCADE, null=True, blank=True, related_name="+")
+    # ... in these statuses ([]: every finished one; with to_target, any).
+    statuses = models.JSONField(default=list, blank=True)
+    # None: each matched delivery is sent again to its own target. A target: each
+    # matched event is sent to it (a delivery created for it, or set back).
+    # (Deleting either target deletes the job: without it the job would select
+    # something else than it was asked to.)
+    to_target = models.ForeignKey(
+        Target, models.CASCADE, null=True, blank=True, related_name="replays_to"
+    )
+    state = models.CharField(max_length=16, choices=State.choices, default=State.PLANNING)
+    # The counts: planned, handed to the engine, and how those ended. `skipped`:
+    # already on its way (pending or retrying) when its turn came.
+    matched = models.PositiveIntegerField(default=0)
+    queued = models.PositiveIntegerField(default=0)
+    delivered = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    filtered = models.PositiveIntegerField(default=0)
+    skipped = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    planned_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ReplayJobQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            models.Index(
+                fields=["state"],
+                name="replay_active_idx",
+                condition=models.Q(state__in=["planning", "running"]),
+            ),
+        ]
+
+    def __str__(self):
+        return f"replay {self.pk}"
+
+    @property
+    def on_its_way(self) -> int:
+        """Queued and not ended yet."""
+        return self.queued - self.delivered - self.failed - self.filtered
+
+    def is_over(self) -> bool:
+        """Done, or cancelled with nothing left on its way: the engine has let go of
+        it (its items are gone). One query."""
+        return self.state in self.FINISHED and not self.items.exists()
+
+
+class ReplayItem(models.Model):
+    """One delivery a replay job sends: waiting its turn, queued (set back to
+    pending or created), then done with how it ended. Deleted with its job's event,
+    delivery or target."""
+
+    class State(models.IntegerChoices):
+        WAITING = 0
+        QUEUED = 1
+        DONE = 2
+
+    job = models.ForeignKey(ReplayJob, models.CASCADE, related_name="items", db_index=False)
+    event = models.ForeignKey(Event, models.CASCADE, related_name="+")
+    target = models.ForeignKey(Target, models.CASCADE, related_name="+", db_index=False)
+    # None until queued, for an event that had no delivery to the job's to_target.
+    delivery = models.ForeignKey(Delivery, models.CASCADE, null=True, related_name="+")
+    state = models.PositiveSmallIntegerField(choices=State.choices, default=State.WAITING)
+    # delivered, failed, filtered (the delivery's end) or skipped.
+    outcome = models.CharField(max_length=16, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            # A job's items by state and target, in the order they are queued.
+            models.Index(fields=["job", "state", "target", "id"], name="replay_item_idx"),
+            models.Index(fields=["target"], name="replay_item_target_idx"),
+        ]
+
+    def __str__(self):
+        return f"replay item {self.pk}"

@@ -101,7 +101,7 @@ def staff_user(name):
 
 
 def webhook_users():
-    """The group migrations 0002 and 0005 make, made again as they make it when a
+    """The group migrations 0002, 0005 and 0024 make, made again as they make it when a
     transactional test before this one flushed the tables (the flush runs
     post_migrate, which makes the permissions again, but not the migrations' rows)."""
     group, made = Group.objects.get_or_create(name="Webhook users")
@@ -110,7 +110,11 @@ def webhook_users():
         codenames = [
             f"{a}_{model}" for model, actions in granted.PERMISSIONS.items() for a in actions
         ]
-        codenames += [f"{a}_apikey" for a in ("add", "change", "delete", "view")]
+        codenames += [
+            f"{a}_{model}"
+            for model in ("apikey", "replayjob")  # 0005, 0024
+            for a in ("add", "change", "delete", "view")
+        ]
         group.permissions.set(
             Permission.objects.filter(content_type__app_label="deliveries", codename__in=codenames)
         )

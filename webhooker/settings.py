@@ -381,6 +381,9 @@ DELIVERY_RECOVERY_INTERVAL = _number("DELIVERY_RECOVERY_INTERVAL", 60.0, cast=fl
 DELIVERY_STALE_AFTER = _number("DELIVERY_STALE_AFTER", 900.0, cast=float, minimum=0)
 DELIVERY_RECOVERY_BATCH = _number("DELIVERY_RECOVERY_BATCH", 500, minimum=1)
 DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 10, minimum=1)
+# How many of one replay job's deliveries to one target are queued at a time
+# (deliveries/replays.py): pausing or cancelling a job lets at most these finish.
+REPLAY_WINDOW = _number("REPLAY_WINDOW", 100, minimum=1)
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
 # A PEM bundle of the CAs that https targets may present (a private CA inside the
 # network); empty: the public roots.

@@ -19,6 +19,7 @@ from deliveries.admin import (  # noqa: F401
     entrypoints,
     events,
     keys,
+    replays,
     targets,
     webhooks,
 )

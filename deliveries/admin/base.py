@@ -20,10 +20,12 @@ from django.http import Http404, HttpResponseRedirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import formats
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from unfold.admin import ModelAdmin, TabularInline
+from unfold.widgets import UnfoldAdminTextInputWidget
 
 from deliveries import export
 from deliveries.audit import Audited
@@ -38,18 +40,21 @@ _COLOURS = {
     Delivery.Status.FAILED: "#b91c1c",
     Delivery.Status.FILTERED: "#0e7490",
 }
+# A page the engine may still change (a pending delivery, a running replay job)
+# reloads itself this often.
+REFRESH_SECONDS = 5
 # One per member of the model's choices: a status the model gains without a colour
 # above is a KeyError here, when the admin loads, not a grey badge.
 STATUS_COLOURS = {status: _COLOURS[status] for status in Delivery.Status}
 
 
+def badge(colour: str, text):
+    return format_html('<span class="wh-badge" style="background:{}">{}</span>', colour, text)
+
+
 def status_badge(status, text=None):
     """A delivery status as a coloured badge; ValueError for what is no status."""
-    return format_html(
-        '<span class="wh-badge" style="background:{}">{}</span>',
-        STATUS_COLOURS[Delivery.Status(status)],
-        text or status,
-    )
+    return badge(STATUS_COLOURS[Delivery.Status(status)], text or status)
 
 
 class AtLeast(int):
@@ -376,26 +381,40 @@ def copyable_text(text):
     return render_to_string("admin/deliveries/copyable_text.html", {"text": text})
 
 
+def post_buttons(buttons, next_url: str, empty: str = ""):
+    """Submit buttons, each (url, label, css), that post the page's form, CSRF token
+    included, to an action URL that sends the browser back to `next_url` (a change
+    page is one form already; forms cannot nest). `empty` stands in for none."""
+    context = {
+        "buttons": [{"url": url, "label": label, "css": css} for url, label, css in buttons],
+        "next": next_url,
+        "empty": empty,
+    }
+    return render_to_string("admin/deliveries/post_buttons.html", context)
+
+
 def delivery_buttons(delivery, next_url: str, empty: str = ""):
-    """Retry now (while it waits for a retry) and Redeliver (once finished): submit
-    buttons that post the page's form, CSRF token included, to the delivery's
-    action URLs (a change page is one form already; forms cannot nest). `empty`
-    stands in for none."""
+    """Retry now (while it waits for a retry) and Redeliver (once finished)."""
     buttons = []
     if delivery.status == Delivery.Status.RETRYING:
         buttons.append(("retry_now", "Retry now", "wh-button-primary"))
     if delivery.status in Delivery.FINISHED:
         buttons.append(("redeliver", "Redeliver", ""))
-    context = {
-        "buttons": [
-            {
-                "url": reverse(f"admin:deliveries_delivery_{name}", args=[delivery.pk]),
-                "label": label,
-                "css": css,
-            }
+    return post_buttons(
+        [
+            (reverse(f"admin:deliveries_delivery_{name}", args=[delivery.pk]), label, css)
             for name, label, css in buttons
         ],
-        "next": next_url,
-        "empty": empty,
-    }
-    return render_to_string("admin/deliveries/delivery_buttons.html", context)
+        next_url,
+        empty,
+    )
+
+
+class DateTimeLocalWidget(UnfoldAdminTextInputWidget):
+    """The browser's date and time picker in unfold's style: one field, posted as
+    2025-01-31T09:30 (unfold's own date-time widget posts two)."""
+
+    input_type = "datetime-local"
+
+    def format_value(self, value):
+        return formats.localize_input(value, "%Y-%m-%dT%H:%M") if value else None

@@ -11,6 +11,7 @@ CONSOLE = [
     ("Targets", "call_split", "deliveries", "target"),
     ("Events", "inbox", "deliveries", "event"),
     ("Deliveries", "send", "deliveries", "delivery"),
+    ("Replay jobs", "replay", "deliveries", "replayjob"),
     ("Rejected requests", "block", "deliveries", "rejection"),
     ("Alerts", "notifications", "deliveries", "alert"),
     ("API keys", "key", "deliveries", "apikey"),

@@ -15,6 +15,7 @@ from unfold.contrib.filters.admin import RangeDateTimeFilter
 from deliveries import export
 from deliveries.admin import search
 from deliveries.admin.base import (
+    REFRESH_SECONDS,
     CappedCountPaginator,
     ExportsList,
     OwnedAdmin,
@@ -31,10 +32,9 @@ from deliveries.admin.filters import (
     FaultFilter,
     TargetFilter,
 )
+from deliveries.admin.replays import OffersReplay
 from deliveries.models import Delivery, DeliveryResult, Event
 
-# The delivery page of a pending or retrying delivery reloads itself this often.
-REFRESH_SECONDS = 5
 # The newest attempts the page shows.
 ATTEMPTS_SHOWN = 50
 _STATE = ["status", "attempts", "next_attempt_at", "updated_at"]
@@ -62,8 +62,9 @@ def read_consistently(delivery: Delivery) -> None:
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
+class DeliveryAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
     export_columns = export.DELIVERY_COLUMNS
+    replay_from = "delivery"
 
     def export_rows(self, queryset):
         return export.deliveries_for_export(queryset)
@@ -98,6 +99,7 @@ class DeliveryAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
     paginator = CappedCountPaginator
     show_full_result_count = False
     actions = ["redeliver", "retry_now"]
+    change_form_template = "admin/deliveries/refreshing_change_form.html"
     fieldsets = [
         (None, {"fields": ["buttons", ("badge", "attempts", "next_attempt_at")]}),
         (None, {"fields": [("event_link", "webhook", "target"), ("created_at", "updated_at")]}),

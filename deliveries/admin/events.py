@@ -31,6 +31,7 @@ from deliveries.admin.filters import (
     EntrypointFilter,
     WebhookFilter,
 )
+from deliveries.admin.replays import OffersReplay
 from deliveries.admin.search import SCAN_ROWS
 from deliveries.forms import ResendForm
 from deliveries.models import Delivery, DeliveryResult, Event
@@ -59,8 +60,9 @@ def outcome_badges(counts: dict[str, int]):
 
 
 @admin.register(Event)
-class EventAdmin(ExportsList, ReadOnlyMixin, OwnedAdmin):
+class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
     export_columns = export.EVENT_COLUMNS
+    replay_from = "event"
 
     list_display = [
         "short_code",

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.http import Http404, JsonResponse
 from django.template.loader import render_to_string
 from django.urls import path, reverse
-from django.utils import formats, timezone
+from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 from unfold.admin import StackedInline
@@ -18,7 +18,13 @@ from unfold.widgets import UnfoldAdminTextInputWidget
 
 from deliveries import signing, ssrf
 from deliveries.admin import health
-from deliveries.admin.base import OwnedAdmin, ask_first, posted_urls, redirect_back
+from deliveries.admin.base import (
+    DateTimeLocalWidget,
+    OwnedAdmin,
+    ask_first,
+    posted_urls,
+    redirect_back,
+)
 from deliveries.admin.filters import TargetWebhookFilter
 from deliveries.filters import clean_filters
 from deliveries.forms import PauseForm, RedeliverFailedForm, TargetForm
@@ -156,16 +162,6 @@ class TargetInline(SigningSecretMixin, StackedInline):
         if not obj.pk:
             return "–"
         return health_text(health.detail(obj, self._breakers), obj.pk)
-
-
-class DateTimeLocalWidget(UnfoldAdminTextInputWidget):
-    """The browser's date and time picker in unfold's style: one field, posted as
-    2025-01-31T09:30 (unfold's own date-time widget posts two)."""
-
-    input_type = "datetime-local"
-
-    def format_value(self, value):
-        return formats.localize_input(value, "%Y-%m-%dT%H:%M") if value else None
 
 
 class StyledPauseForm(PauseForm):

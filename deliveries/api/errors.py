@@ -1,6 +1,6 @@
 """One shape for every error the API answers: {"error": "...", "fields": {...}}."""
 
-from rest_framework import exceptions, serializers
+from rest_framework import exceptions, serializers, status
 from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -12,6 +12,13 @@ class ErrorSerializer(serializers.Serializer):
         help_text="Per request field (body or query parameter), its messages; "
         "empty unless the input was invalid.",
     )
+
+
+class StateConflict(exceptions.APIException):
+    """The object's state does not allow what was asked (a cancelled job resumed)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The object's state does not allow this."
 
 
 def exception_handler(exc, context):

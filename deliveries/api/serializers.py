@@ -18,7 +18,14 @@ from deliveries.api.filters import AUDITED, EventSelection
 from deliveries.api.strict import RefusesUnknown
 from deliveries.filters import clean_filters
 from deliveries.forms import clean_header_lines
-from deliveries.models import Delivery, DeliveryResult, Entrypoint, Event, Target, Webhook
+from deliveries.models import (
+    Delivery,
+    DeliveryResult,
+    Entrypoint,
+    Event,
+    Target,
+    Webhook,
+)
 from deliveries.targets import TARGET_TYPES
 from deliveries.targets.base import MASK as SHOWN_SECRET
 from deliveries.targets.base import keep_masked, keep_secrets, mask_url, masked_keys

@@ -28,6 +28,7 @@ import time
 
 from django.db import connection
 
+from deliveries import replays
 from deliveries.engine import heartbeat
 from deliveries.engine.core import Engine
 from deliveries.models import EngineStatus
@@ -48,23 +49,34 @@ def guarded(step, what: str, stop_event: threading.Event):
 
 
 class Every:
-    """Run `step` every `interval` seconds, the first time after `first`."""
+    """Run `step` every `interval` seconds, the first time after `first`; every
+    `busy` seconds instead while it finds work (returns something true)."""
 
-    def __init__(self, name, step, *, stop_event, interval: float, first: float | None = None):
+    def __init__(
+        self,
+        name,
+        step,
+        *,
+        stop_event,
+        interval: float,
+        first: float | None = None,
+        busy: float | None = None,
+    ):
         self.name = name
         self.step = step
         self.stop_event = stop_event
         self.interval = interval
         self.first = interval if first is None else first
+        self.busy = interval if busy is None else busy
 
     def run(self) -> None:
         wait = self.first
         while not self.stop_event.wait(wait):
-            wait = self.interval
             # Long-lived threads get no request signals: drop a connection that
             # broke or outlived CONN_MAX_AGE here, before it fails a query.
             connection.close_if_unusable_or_obsolete()
-            guarded(self.step, self.name, self.stop_event)
+            found = guarded(self.step, self.name, self.stop_event)
+            wait = self.busy if found else self.interval
 
 
 class Watchdog:
@@ -196,6 +208,10 @@ class Runner:
     # Retention runs a minute after start, then daily.
     PRUNE_FIRST = 60.0
     PRUNE_INTERVAL = 24 * 3600.0
+    # Replay jobs (deliveries/replays.py) are looked for every second, and stepped
+    # every REPLAY_BUSY seconds while one has work here.
+    REPLAYS = 1.0
+    REPLAY_BUSY = 0.05
 
     def __init__(self, engine: Engine, *, listener=None, manager=None):
         self.engine = engine
@@ -231,6 +247,13 @@ class Runner:
             interval=self.PRUNE_INTERVAL,
             first=self.PRUNE_FIRST,
         )
+        self.replays = Every(
+            "replays",
+            self.replay_once,
+            stop_event=stop,
+            interval=self.REPLAYS,
+            busy=self.REPLAY_BUSY,
+        )
         if manager is not None:
             manager.on_change = self.beat
             manager.healthy = self.watchdog.healthy
@@ -256,7 +279,14 @@ class Runner:
         if once:  # no claimant but the caller's thread (_run_until_idle)
             loops = [self.heartbeat]
         else:
-            loops = [self.intake, self.recovery, self.heartbeat, self.alerts, self.housekeeping]
+            loops = [
+                self.intake,
+                self.recovery,
+                self.heartbeat,
+                self.alerts,
+                self.housekeeping,
+                self.replays,
+            ]
         for loop in loops:
             self._spawn(loop.name, loop.run)
         if self.manager is not None:
@@ -307,7 +337,7 @@ class Runner:
         for task in engine.channel.drain() + engine.gate.drain_parked():
             engine.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
-        for group in ("heartbeat", "alerts", "housekeeping"):
+        for group in ("heartbeat", "alerts", "housekeeping", "replays"):
             self._join(group, min(timeout, self.AUXILIARY_JOIN))
             if self._alive(group):
                 logger.warning("engine stopping without its %s thread, still busy", group)
@@ -363,6 +393,12 @@ class Runner:
                 removed["deliveries"],
                 removed["results"],
             )
+
+    def replay_once(self) -> int:
+        """Step the replay jobs with work in this engine's partitions."""
+        partitions = self.engine.partitions
+        claimable, _ = partitions.claims
+        return replays.step(claimable, partitions.count)
 
     def _run_until_idle(self) -> None:
         """For --once: intake from this thread until a pass finds nothing to do."""

@@ -73,7 +73,7 @@ def test_another_user_sees_nothing_and_changes_nothing(call, alice, bob, mine):
     response = call.send(client_of(bob), mine)
     if call.addresses_one:
         assert_error(response, 404)
-    elif call.name in ("entrypoints_create", "targets_create"):
+    elif call.name in ("entrypoints_create", "targets_create", "replays_create"):
         body = assert_error(response, 400)
         assert "does not exist" in body["fields"]["webhook"][0]
     elif call.name == "audit_list":

@@ -56,6 +56,13 @@ def with_world(case, ids) -> None:
         # what jq compiles.
         if case.path.endswith(("/replay/", "/redeliver/")) and not case.body.get("ids"):
             case.body["webhook"] = ids["webhook"]
+        if case.path.endswith("/replays/"):  # a range in order, statuses that fit
+            case.body.pop("until", None)
+            case.body["since"] = "2000-01-01T00:00:00Z"
+            if isinstance(case.body.get("to_target"), int):
+                case.body["to_target"] = ids["target"]
+            elif isinstance(case.body.get("statuses"), list):
+                case.body["statuses"] = ["failed"]
         if "filters" in case.body:
             case.body["filters"] = []
         if case.body.get("transform"):

@@ -10,7 +10,8 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 
-from deliveries.models import ApiKey, Delivery, Event, Target
+from deliveries import replays
+from deliveries.models import ApiKey, Delivery, Event, ReplayJob, Target
 from tests.support.admin import client_for
 from tests.support.api import client_with, fresh_throttle, world_ids  # noqa: F401
 from tests.support.engines import store
@@ -140,14 +141,57 @@ def test_replay_a_webhook_since_a_time_onto_a_new_target(alice):
     recent = store(target.webhook.entrypoints.get(), n=2)
     late = Target.objects.create(webhook=target.webhook, name="late", type="log")
     since = (timezone.now() - datetime.timedelta(days=1)).isoformat()
-    printed = run(
-        "replay", "--webhook", str(target.webhook_id), "--since", since, "--target", str(late.pk)
+    window = ("replay", "--webhook", str(target.webhook_id), "--since", since)
+    assert run(*window, "--target", str(late.pk), "--dry-run").strip() == (
+        "Would send 2 deliveries again."
     )
-    assert printed.strip() == "Queued 2 deliveries: 0 redelivered, 2 new."
+    assert not late.deliveries.exists()
+    jobs = set(ReplayJob.objects.values_list("pk", flat=True))  # the world's paused one
+    # A window is a replay job: the engines create and send the deliveries.
+    printed = run(*window, "--target", str(late.pk))
+    (job,) = ReplayJob.objects.exclude(pk__in=jobs)
+    assert printed.strip() == (
+        f"Replay job {job.pk} started (2 deliveries to send); the engines run it."
+    )
+    assert (job.webhook_id, job.to_target, job.target, job.statuses) == (
+        target.webhook_id,
+        late,
+        None,
+        [],
+    )
+    while replays.step({0}, 1):
+        pass
     assert set(late.deliveries.values_list("event", flat=True)) == {e.pk for e in recent}
-    # Without --target: to every target, the one added since included.
+    # Events by id are queued at once; without --target, to every target, the
+    # one added since included.
+    assert run("replay", "--ids", str(ids["event"]), "--dry-run").strip() == (
+        "Would send 1 events again."
+    )
     printed = run("replay", "--ids", str(ids["event"]))
     assert printed.strip() == "Queued 2 deliveries: 1 redelivered, 1 new."
+
+
+def test_replay_job_options_are_checked(alice):
+    ids = world_ids(alice, "hook")
+    jobs = ReplayJob.objects.count()
+    window = ("replay", "--webhook", str(ids["webhook"]), "--since", "2026-01-01T00:00")
+    with pytest.raises(CommandError, match="--until: Must be after since"):
+        run(*window, "--until", "2025-01-01T00:00")
+    with pytest.raises(CommandError, match="--status: Pending and retrying"):
+        run(*window, "--status", "pending")
+    with pytest.raises(CommandError, match="--from-target, --status: only for a replay job"):
+        run(
+            "replay",
+            "--ids",
+            str(ids["event"]),
+            "--from-target",
+            str(ids["target"]),
+            "--status",
+            "failed",
+        )
+    with pytest.raises(CommandError, match="No webhook 999999"):
+        run("replay", "--webhook", "999999", "--since", "2026-01-01T00:00")
+    assert ReplayJob.objects.count() == jobs
 
 
 def test_replay_refuses_a_target_of_another_webhook(alice):

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 from django.core.cache import cache
+from django.utils import timezone
 from rest_framework.test import APIClient
 
-from deliveries.models import ApiKey, Delivery, Entrypoint, Event, Target, Webhook
+from deliveries.models import ApiKey, Delivery, Entrypoint, Event, ReplayJob, Target, Webhook
 from tests.support.admin import world
 
 
@@ -45,7 +46,8 @@ class Call:
 
     name: str
     method: str
-    path: str  # under /api/v1/, with {webhook}, {entrypoint}, {target}, {event}, {delivery}
+    # under /api/v1/, with {webhook}, {entrypoint}, {target}, {event}, {delivery}, {replay}
+    path: str
     body: Callable[[dict], dict] | None = None
     status: int = 200
 
@@ -153,13 +155,29 @@ CALLS = [
     ),
     Call("deliveries_retry", "post", "deliveries/{delivery}/retry/"),
     Call("audit_list", "get", "audit/"),
+    Call("replays_list", "get", "replays/"),
+    Call(
+        "replays_create",
+        "post",
+        "replays/",
+        lambda ids: {"webhook": ids["webhook"], "since": "2026-01-01T00:00:00Z"},
+        201,
+    ),
+    Call("replays_retrieve", "get", "replays/{replay}/"),
+    Call("replays_pause", "post", "replays/{replay}/pause/"),
+    Call("replays_resume", "post", "replays/{replay}/resume/"),
+    Call("replays_cancel", "post", "replays/{replay}/cancel/"),
 ]
 
 
 def world_ids(user, name) -> dict:
     """A world (tests/admin_helpers.world) for `user`, as the ids CALLS are filled with."""
     hook, target, event, delivery = world(user, name)
+    replay = ReplayJob.objects.create(
+        webhook=hook, since=event.received_at, until=timezone.now(), state="paused"
+    )
     return {
+        "replay": replay.pk,
         "webhook": hook.pk,
         "entrypoint": hook.entrypoints.get().pk,
         "target": target.pk,

@@ -1,0 +1,391 @@
+"""Replay jobs: send again what a webhook received in a time range, as a job the
+engines run, with a dry run, progress, pause, resume and cancel
+(docs/architecture.md, Replay jobs).
+
+A job is planned once: in one transaction, one ReplayItem per delivery to send
+(same targets: each matched delivery; `to_target`: each matched event) and the
+`matched` count, so what it sends is fixed at that instant and survives restarts.
+Then, in small transactions, each target's next items are queued: the delivery set
+back to pending (or created, for a `to_target` with none), the item marked queued
+and the job's count raised together, so a crash anywhere queues nothing twice and
+skips nothing. At most `REPLAY_WINDOW` of a job's deliveries to one target are
+queued and unfinished at a time: the engine's own rate limit, breaker and per-target
+gate pace them, live events keep their turn, and a pause or cancel lets at most that
+window finish (like EventBridge's CancelReplay: what is on its way completes).
+Queued items are settled (done, with how their delivery ended) as the engine
+finishes them.
+
+Who runs what, on PostgreSQL with many engines: the engine owning partition
+`job id % count` plans a job; the engine owning a target's partition queues and
+settles that target's items. Rows are taken with SKIP LOCKED and counts moved by
+conditional updates, so two engines crossing at a hand-over cannot count or queue
+one item twice.
+"""
+
+import dataclasses
+import datetime
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import connection, models, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q
+from django.utils import timezone
+
+from deliveries import wake
+from deliveries.engine.partitions import in_partitions
+from deliveries.models import Delivery, Event, ReplayItem, ReplayJob, Target
+
+Item = ReplayItem.State
+# Items written per INSERT while planning.
+PLAN_BATCH = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class Criteria:
+    """What a job (or its dry run) selects; `clean()` checks it."""
+
+    webhook: object  # Webhook
+    since: datetime.datetime
+    until: datetime.datetime
+    target: Target | None = None
+    statuses: tuple = ()
+    to_target: Target | None = None
+
+    @classmethod
+    def of(cls, job: ReplayJob) -> "Criteria":
+        return cls(
+            job.webhook,
+            job.since,
+            job.until,
+            job.target,
+            tuple(job.statuses),
+            job.to_target,
+        )
+
+    def clean(self) -> None:
+        """ValidationError, by field, for what cannot be replayed."""
+        errors = {}
+        if self.since >= self.until:
+            errors["until"] = "Must be after since."
+        for field in ("target", "to_target"):
+            target = getattr(self, field)
+            if target is not None and target.webhook_id != self.webhook.pk:
+                errors[field] = f"Target {target.pk} is not a target of webhook {self.webhook.pk}."
+        known = set(Delivery.Status.values)
+        unknown = sorted(set(self.statuses) - known)
+        if unknown:
+            errors["statuses"] = f"Unknown status: {', '.join(unknown)}."
+        elif self.to_target is None and set(self.statuses) - set(Delivery.FINISHED):
+            errors["statuses"] = (
+                "Pending and retrying deliveries are already on their way: choose among "
+                f"{', '.join(Delivery.FINISHED)}, or send them to another target."
+            )
+        if self.to_target is not None and not self.to_target.active:
+            errors["to_target"] = "This target is inactive: activate it first."
+        if errors:
+            raise ValidationError(errors)
+
+    def deliveries(self):
+        """The webhook's deliveries the criteria select (of events in the range)."""
+        deliveries = Delivery.objects.filter(
+            event__webhook_id=self.webhook.pk,
+            event__received_at__gte=self.since,
+            event__received_at__lt=self.until,
+        )
+        if self.target is not None:
+            deliveries = deliveries.filter(target_id=self.target.pk)
+        if self.statuses:
+            deliveries = deliveries.filter(status__in=self.statuses)
+        return deliveries
+
+    def selected(self):
+        """Same targets: the finished deliveries selected. To a target: the events
+        in the range (with a selected delivery, when a target or statuses are given)."""
+        if self.to_target is None:
+            if self.statuses:
+                return self.deliveries()
+            return self.deliveries().filter(status__in=Delivery.FINISHED)
+        events = Event.objects.filter(
+            webhook_id=self.webhook.pk, received_at__gte=self.since, received_at__lt=self.until
+        )
+        if self.target is not None or self.statuses:
+            events = events.filter(Exists(self.deliveries().filter(event=OuterRef("pk"))))
+        return events
+
+    def count(self) -> int:
+        """The dry run: how many deliveries a job started now would send."""
+        return self.selected().count()
+
+    def rows(self):
+        """(event id, target id, delivery id or None) for each item, in the order
+        they are sent: by time received."""
+        if self.to_target is None:
+            return (
+                self.selected()
+                .order_by("event__received_at", "event_id", "target_id")
+                .values_list("event_id", "target_id", "pk")
+            )
+        existing = Delivery.objects.filter(event=OuterRef("pk"), target_id=self.to_target.pk)
+        return (
+            self.selected()
+            .order_by("received_at", "pk")
+            .annotate(
+                replay_target=models.Value(self.to_target.pk),
+                replay_delivery=models.Subquery(existing.values("pk")[:1]),
+            )
+            .values_list("pk", "replay_target", "replay_delivery")
+        )
+
+
+def start(criteria: Criteria, user=None) -> ReplayJob:
+    """Create the job (checked); the engines plan and run it."""
+    criteria.clean()
+    with transaction.atomic():
+        job = ReplayJob.objects.create(
+            webhook=criteria.webhook,
+            since=criteria.since,
+            until=criteria.until,
+            target=criteria.target,
+            statuses=list(criteria.statuses),
+            to_target=criteria.to_target,
+            created_by=user if user is not None and user.is_authenticated else None,
+        )
+        wake.notify_on_commit(connection)
+    return job
+
+
+# --- what the engine does (deliveries/engine/runner.py runs step) -----------------
+
+
+def step(claimable, count: int, window: int | None = None) -> int:
+    """One turn over the jobs with work in this engine's partitions. Returns how
+    much it did (items planned, queued or settled), 0 when there was nothing."""
+    window = settings.REPLAY_WINDOW if window is None else window
+    done = 0
+    jobs = ReplayJob.objects.filter(
+        Q(state__in=ReplayJob.ACTIVE) | Q(queued__gt=F("delivered") + F("failed") + F("filtered"))
+    ).values_list("pk", "state")
+    for pk, state in list(jobs):
+        if state == ReplayJob.State.PLANNING:
+            planned = (count <= 1 or pk % count in claimable) and plan(pk)
+            if not planned:
+                continue
+            done += planned
+            state = ReplayJob.State.RUNNING
+        done += settle(pk, claimable, count)
+        if state == ReplayJob.State.RUNNING:
+            done += top_up(pk, claimable, count, window)
+        if state in (ReplayJob.State.RUNNING, ReplayJob.State.CANCELLED):
+            finish(pk, state)
+    return done
+
+
+def plan(job_id: int) -> int:
+    """Write the job's items and its `matched` count, in one transaction."""
+    with transaction.atomic():
+        job = (
+            # Its own row only: the targets are an outer join, which PostgreSQL
+            # cannot lock.
+            ReplayJob.objects.select_for_update(of=("self",))
+            .select_related("webhook", "target", "to_target")
+            .filter(pk=job_id, state=ReplayJob.State.PLANNING)
+            .first()
+        )
+        if job is None:
+            return 0
+        matched = 0
+        batch = []
+        for event_id, target_id, delivery_id in (
+            Criteria.of(job).rows().iterator(chunk_size=PLAN_BATCH)
+        ):
+            batch.append(
+                ReplayItem(job=job, event_id=event_id, target_id=target_id, delivery_id=delivery_id)
+            )
+            if len(batch) == PLAN_BATCH:
+                ReplayItem.objects.bulk_create(batch)
+                matched += len(batch)
+                batch = []
+        ReplayItem.objects.bulk_create(batch)
+        matched += len(batch)
+        job.matched = matched
+        job.state = ReplayJob.State.RUNNING
+        job.planned_at = timezone.now()
+        job.save(update_fields=["matched", "state", "planned_at"])
+    return max(matched, 1)
+
+
+def _items(job_id: int, state, claimable, count):
+    return in_partitions(ReplayItem.objects.filter(job_id=job_id, state=state), claimable, count)
+
+
+def settle(job_id: int, claimable, count: int) -> int:
+    """Mark the queued items whose delivery has finished, counting how each ended."""
+    ended = list(
+        _items(job_id, Item.QUEUED, claimable, count)
+        .filter(delivery__status__in=Delivery.FINISHED)
+        .values_list("pk", "delivery__status")
+    )
+    if not ended:
+        return 0
+    by_status: dict[str, list[int]] = {}
+    for pk, status in ended:
+        by_status.setdefault(status, []).append(pk)
+    with transaction.atomic():
+        counts = {}
+        for status, pks in by_status.items():
+            # Conditional: an item another engine settled meanwhile is not counted twice.
+            counts[status] = ReplayItem.objects.filter(pk__in=pks, state=Item.QUEUED).update(
+                state=Item.DONE, outcome=status
+            )
+        ReplayJob.objects.filter(pk=job_id).update(
+            **{status: F(status) + n for status, n in counts.items() if n}
+        )
+    return len(ended)
+
+
+def top_up(job_id: int, claimable, count: int, window: int) -> int:
+    """Queue each of this engine's targets' next items, up to `window` unfinished."""
+    waiting = _items(job_id, Item.WAITING, claimable, count)
+    targets = sorted(set(waiting.values_list("target_id", flat=True).distinct()))
+    if not targets:
+        return 0
+    busy = dict(
+        _items(job_id, Item.QUEUED, claimable, count)
+        .filter(target_id__in=targets)
+        .values_list("target_id")
+        .annotate(n=Count("pk"))
+        .values_list("target_id", "n")
+    )
+    queued = 0
+    for target_id in targets:
+        room = window - busy.get(target_id, 0)
+        if room > 0:
+            queued += _queue(job_id, target_id, room)
+    return queued
+
+
+def _queue(job_id: int, target_id: int, room: int) -> int:
+    with transaction.atomic():
+        # The job's row, locked: a pause or cancel committed before this reads
+        # stops it; one arriving now waits for this batch (PostgreSQL). SQLite
+        # has one writer, which orders them the same way.
+        job = (
+            ReplayJob.objects.select_for_update()
+            .filter(pk=job_id, state=ReplayJob.State.RUNNING)
+            .values("to_target_id")
+            .first()
+        )
+        if job is None:
+            return 0
+        items = list(
+            ReplayItem.objects.select_for_update(skip_locked=True)
+            .filter(job_id=job_id, state=Item.WAITING, target_id=target_id)
+            .order_by("id")
+            .values_list("pk", "event_id", "delivery_id")[:room]
+        )
+        if not items:
+            return 0
+        now = timezone.now()
+        created = set()
+        if job["to_target_id"] is not None:
+            items, created = _create_missing(items, target_id, now)
+        statuses = dict(
+            Delivery.objects.filter(pk__in=[d for _, _, d in items]).values_list("pk", "status")
+        )
+        # Finished: set back to pending. Created now: pending already. Anything
+        # else is on its way already (or gone): skipped, not sent twice.
+        started = [
+            (pk, d) for pk, _, d in items if d in created or statuses.get(d) in Delivery.FINISHED
+        ]
+        Delivery.objects.filter(
+            pk__in=[d for _, d in started], status__in=Delivery.FINISHED
+        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, reason="", updated_at=now)
+        begun = {pk for pk, _ in started}
+        skipped = [pk for pk, _, _ in items if pk not in begun]
+        ReplayItem.objects.bulk_update(
+            [ReplayItem(pk=pk, delivery_id=d, state=Item.QUEUED) for pk, d in started],
+            ["delivery", "state"],
+        )
+        ReplayItem.objects.filter(pk__in=skipped).update(state=Item.DONE, outcome="skipped")
+        ReplayJob.objects.filter(pk=job_id).update(
+            queued=F("queued") + len(started), skipped=F("skipped") + len(skipped)
+        )
+        if started:
+            wake.notify_on_commit(connection)
+    return len(items)
+
+
+def _create_missing(items, target_id: int, now) -> tuple[list, set]:
+    """A to_target job's items with their deliveries to the target, one created
+    (pending) for each event that had none; and the ids of those created."""
+    missing = [event_id for _, event_id, d in items if d is None]
+    if not missing:
+        return items, set()
+    Delivery.objects.bulk_create(
+        [
+            Delivery(event_id=e, target_id=target_id, created_at=now, updated_at=now)
+            for e in missing
+        ],
+        ignore_conflicts=True,
+    )
+    found = dict(
+        Delivery.objects.filter(event_id__in=missing, target_id=target_id).values_list(
+            "event_id", "pk"
+        )
+    )
+    items = [(pk, e, d if d is not None else found.get(e)) for pk, e, d in items]
+    return items, set(found.values())
+
+
+def finish(job_id: int, state: str) -> None:
+    """A running job with every item done is done; a cancelled one with nothing
+    left on its way is over. Their items go (the counts stay)."""
+    with transaction.atomic():
+        if state == ReplayJob.State.RUNNING:
+            over = (
+                ReplayJob.objects.filter(pk=job_id, state=state)
+                .exclude(Exists(ReplayItem.objects.filter(job=OuterRef("pk"), state__lt=Item.DONE)))
+                .update(state=ReplayJob.State.DONE, finished_at=timezone.now())
+            )
+        else:
+            over = not ReplayItem.objects.filter(job_id=job_id, state=Item.QUEUED).exists()
+        if over:
+            ReplayItem.objects.filter(job_id=job_id).delete()
+
+
+# --- what a user does (console, API, command) -------------------------------------
+
+
+def pause(job: ReplayJob) -> bool:
+    """Stop queuing; what is queued finishes. False if the job is not active."""
+    return bool(
+        ReplayJob.objects.filter(pk=job.pk, state__in=ReplayJob.ACTIVE).update(
+            state=ReplayJob.State.PAUSED
+        )
+    )
+
+
+def resume(job: ReplayJob) -> bool:
+    """Go on where it stopped (or plan it, if it was paused before planning)."""
+    with transaction.atomic():
+        resumed = ReplayJob.objects.filter(pk=job.pk, state=ReplayJob.State.PAUSED).update(
+            state=models.Case(
+                models.When(planned_at__isnull=True, then=models.Value(ReplayJob.State.PLANNING)),
+                default=models.Value(ReplayJob.State.RUNNING),
+            )
+        )
+        if resumed:
+            wake.notify_on_commit(connection)
+    return bool(resumed)
+
+
+def cancel(job: ReplayJob) -> bool:
+    """Stop for good: nothing more is queued, what is queued finishes and is counted."""
+    with transaction.atomic():
+        cancelled = ReplayJob.objects.filter(
+            pk=job.pk, state__in=(*ReplayJob.ACTIVE, ReplayJob.State.PAUSED)
+        ).update(state=ReplayJob.State.CANCELLED, finished_at=timezone.now())
+        if cancelled:
+            ReplayItem.objects.filter(job_id=job.pk, state=Item.WAITING).delete()
+            finish(job.pk, ReplayJob.State.CANCELLED)  # over now, if nothing is on its way
+    return bool(cancelled)
