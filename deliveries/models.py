@@ -2,6 +2,7 @@ import dataclasses
 import datetime
 import hashlib
 import secrets
+import time
 import uuid
 
 from django.conf import settings
@@ -265,6 +266,11 @@ class Target(Audited, models.Model):
     Type = models.TextChoices(
         "Type", [(type_.upper(), (type_, label)) for type_, label in targets.choices()]
     )
+    # An engine never attempts with a target row it checked longer ago than this
+    # (engine/targetcache.py); so a change committed this long ago (and a margin)
+    # is in every attempt begun since. A rotation answers only then.
+    ENGINE_FRESHNESS = 0.5
+    ROTATION_SEEN_AFTER = ENGINE_FRESHNESS + 0.25
 
     webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="targets")
     name = models.CharField(max_length=200)
@@ -403,12 +409,15 @@ class Target(Audited, models.Model):
         stored = Target.objects.filter(pk=self.pk).values_list("config", flat=True).first()
         return stored if isinstance(stored, dict) and not encryption.unreadable(stored) else None
 
-    def rotate_signing_secret(self) -> str:
+    def rotate_signing_secret(self, *, wait: bool = True) -> str:
         """A new signing secret; the current one stays valid for the rotation overlap.
 
         One UPDATE, so the old secret kept is the one in the database, whatever this
         instance read; updated_at moves with it, which makes the engine re-read the
-        target. Returns the new secret.
+        target. Returns the new secret, once committed and seen by every engine
+        (until_engines_see_changes), so a receiver told the new secret can check
+        every attempt begun after it heard; with `wait=False` the caller waits, once
+        for many rotations.
         """
         now = timezone.now()
         new = new_secret()
@@ -419,11 +428,20 @@ class Target(Audited, models.Model):
             updated_at=now,
         )
         wake.notify_on_commit(connections[self._state.db])
+        if wait:
+            transaction.on_commit(Target.until_engines_see_changes, using=self._state.db)
         audit.record(self, {"signing_secret": [MASK, "rotated"]})
         self.refresh_from_db(
             fields=["signing_secret", "previous_signing_secret", "secret_rotated_at", "updated_at"]
         )
         return new
+
+    @staticmethod
+    def until_engines_see_changes() -> None:
+        """Wait until every engine attempts with the target rows as committed now.
+        A time, not a handshake: engines check their rows at least every
+        ENGINE_FRESHNESS seconds before an attempt, wherever they run."""
+        time.sleep(Target.ROTATION_SEEN_AFTER)
 
 
 class EventQuerySet(OwnedQuerySet):

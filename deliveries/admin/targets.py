@@ -285,7 +285,8 @@ class TargetAdmin(SigningSecretMixin, OwnedAdmin):
     def rotate_secrets(self, request, queryset):
         targets = list(queryset)
         for target in targets:
-            target.rotate_signing_secret()
+            target.rotate_signing_secret(wait=False)
+        Target.until_engines_see_changes()  # once for all of them
         self.message_user(request, rotated_message(len(targets)), messages.SUCCESS)
 
     def get_queryset(self, request):

@@ -80,6 +80,7 @@ class Engine:
         self.gate = TargetGate(concurrency=config.target_concurrency)
         self.overflow = Overflow()
         self.targets = TargetCache(clock=clock)
+        self._refreshing = threading.Lock()  # one check of the targets at a time
         self.lanes = OrderedLanes()
         self.claimer = Claimer(
             inflight=self.inflight,
@@ -142,6 +143,14 @@ class Engine:
         """Bring the targets up to date, then one intake pass; return tasks queued."""
         self.refresh_targets()
         return self.intake.run_once()
+
+    def current_targets(self) -> None:
+        """Check the targets' rows now if the last check began over FRESH seconds
+        ago (TargetCache.stale): an attempt never uses an older row than that."""
+        if self.targets.stale():
+            with self._refreshing:
+                if self.targets.stale():  # not checked meanwhile by another worker
+                    self.refresh_targets(force=True)
 
     def refresh_targets(self, *, force: bool = False) -> None:
         """Apply what changed in the targets' rows (targetcache.TargetCache.refresh)."""
@@ -267,6 +276,11 @@ class Engine:
             # connection (and perhaps taken again since, under a new epoch): the
             # row keeps its status for whoever holds it now.
             self.let_stale_go(task)
+            return False
+        try:
+            self.current_targets()
+        except DatabaseError:
+            self._database_trouble(task)
             return False
         state = self.targets.get(task.target_id)
         if state is None or state.held:

@@ -5,7 +5,10 @@ paused, deactivated or deleted takes effect on the next attempt, not after the
 delivery ends). Tasks carry no copy of the target: they look it up here at
 attempt time. The cache re-reads a target whose `updated_at` moved, checking
 every target it knows in one query at most every REFRESH seconds (and when woken,
-as after a pause or resume).
+as after a pause or resume), and before an attempt whenever its last check began
+more than FRESH seconds ago (`stale()`): a change committed FRESH seconds ago is in
+every attempt begun since, which is what a secret rotation's answer waits for
+(Target.until_engines_see_changes).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class TargetState:
 
 class TargetCache:
     REFRESH = 0.5
+    FRESH = Target.ENGINE_FRESHNESS
     # Target ids per query when checking versions.
     CHUNK = 1000
 
@@ -89,6 +93,8 @@ class TargetCache:
         self._lock = threading.Lock()
         self._states: dict[int, TargetState] = {}
         self._checked = float("-inf")
+        # When the last check whose rows are in place began.
+        self._fresh_as_of = float("-inf")
 
     def get(self, target_id: int) -> TargetState | None:
         """The target as last read; None once it was deleted (or never loaded).
@@ -125,6 +131,7 @@ class TargetCache:
         with self._lock:
             known = {t: s.updated_at for t, s in self._states.items()}
         if not known:
+            self._fresh_as_of = max(self._fresh_as_of, now)
             return [], []
         ids = list(known)
         current = {}
@@ -142,7 +149,12 @@ class TargetCache:
                 elif target_id in fresh and old is not None:
                     self._states[target_id] = fresh[target_id]
                     changed.append((old, fresh[target_id]))
+            self._fresh_as_of = max(self._fresh_as_of, now)
         return changed, deleted
+
+    def stale(self) -> bool:
+        """Whether the rows in place come from a check begun over FRESH seconds ago."""
+        return self._clock() - self._fresh_as_of > self.FRESH
 
     def set_failing_since(self, target_id: int, since) -> None:
         """The engine wrote failing_since itself (an update that leaves updated_at,

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from deliveries import signing
 from deliveries.models import Delivery, DeliveryResult, Target
+from tests.support.clock import FakeClock
 from tests.support.engines import attempt_one, make_engine, pump, started_engine, store
 
 pytestmark = pytest.mark.django_db
@@ -98,6 +99,32 @@ def test_rotation_signs_with_both_secrets_during_the_overlap_only(
     assert verifies(new, after)
     assert not verifies(old, after)
     assert len(after.headers["webhook-signature"].split(" ")) == 1
+
+
+def test_an_attempt_after_rotate_secret_answers_is_signed_with_the_new_secret(
+    entrypoint, make_target, sink, monkeypatch, django_capture_on_commit_callbacks
+):
+    """The race found from outside: an engine whose last look at its targets came
+    just before the rotation committed signed the next attempts with the old
+    secret alone, until its next look (up to half a second later). The rotation
+    answers once no engine may attempt with a row read before it."""
+    clock = FakeClock()
+    # What the answer waits for, on the engine's clock.
+    monkeypatch.setattr(
+        Target,
+        "until_engines_see_changes",
+        staticmethod(lambda: setattr(clock, "now", clock.now + Target.ROTATION_SEEN_AFTER)),
+    )
+    target = make_target(url=sink.url("/rot"))
+    old = target.signing_secret
+    engine = attempt_one(entrypoint, make_engine(clock=clock))  # its look at the target
+    store(entrypoint)
+    engine.intake_once()  # claimed before the rotation, attempted after its answer
+    with django_capture_on_commit_callbacks(execute=True):  # its commit, then its wait
+        new = target.rotate_signing_secret()
+    assert engine.process_one()
+    _, after = sink.wait_for(2, "/rot")
+    assert verifies(new, after) and verifies(old, after)  # both, in the overlap
 
 
 def test_signing_off_sends_no_signature_headers(entrypoint, make_target, sink):
