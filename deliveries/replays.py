@@ -102,9 +102,11 @@ class Criteria:
         """Same targets: the finished deliveries selected. To a target: the events
         in the range (with a selected delivery, when a target or statuses are given)."""
         if self.to_target is None:
+            # Not to an inactive target: nothing would send them.
+            deliveries = self.deliveries().filter(target__active=True)
             if self.statuses:
-                return self.deliveries()
-            return self.deliveries().filter(status__in=Delivery.FINISHED)
+                return deliveries
+            return deliveries.filter(status__in=Delivery.FINISHED)
         events = Event.objects.filter(
             webhook_id=self.webhook.pk, received_at__gte=self.since, received_at__lt=self.until
         )
@@ -137,9 +139,22 @@ class Criteria:
         )
 
 
+def check_size(matched: int) -> None:
+    """ValidationError (on `until`) for a job larger than one plan may be."""
+    if matched > settings.REPLAY_MAX_DELIVERIES:
+        raise ValidationError(
+            {
+                "until": f"This window matches {matched} deliveries; one job sends at most "
+                f"{settings.REPLAY_MAX_DELIVERIES} (REPLAY_MAX_DELIVERIES): choose an "
+                "earlier until, and replay the rest as another job."
+            }
+        )
+
+
 def start(criteria: Criteria, user=None) -> ReplayJob:
     """Create the job (checked); the engines plan and run it."""
     criteria.clean()
+    check_size(criteria.count())
     with transaction.atomic():
         job = ReplayJob.objects.create(
             webhook=criteria.webhook,
@@ -157,13 +172,22 @@ def start(criteria: Criteria, user=None) -> ReplayJob:
 # --- what the engine does (deliveries/engine/runner.py runs step) -----------------
 
 
-def step(claimable, count: int, window: int | None = None) -> int:
+def step(claimable, count: int, window: int | None = None, found=None) -> int:
     """One turn over the jobs with work in this engine's partitions. Returns how
-    much it did (items planned, queued or settled), 0 when there was nothing."""
+    much it did (items planned, queued or settled), 0 when there was nothing.
+
+    `found(delivery_ids)`, if given, is told the deliveries set back to pending that
+    were never attempted (filtered ones): the engine's intake finds set-back rows by
+    their attempts, so without it they would wait for the recovery tick."""
     window = settings.REPLAY_WINDOW if window is None else window
     done = 0
+    # Beside the active ones: paused jobs with deliveries on their way (counted as
+    # they end), and cancelled ones with items left (they go when it is over).
+    items = ReplayItem.objects.filter(job=OuterRef("pk"))
     jobs = ReplayJob.objects.filter(
-        Q(state__in=ReplayJob.ACTIVE) | Q(queued__gt=F("delivered") + F("failed") + F("filtered"))
+        Q(state__in=ReplayJob.ACTIVE)
+        | (Q(state=ReplayJob.State.PAUSED) & Exists(items.filter(state=Item.QUEUED)))
+        | (Q(state=ReplayJob.State.CANCELLED) & Exists(items))
     ).values_list("pk", "state")
     for pk, state in list(jobs):
         if state == ReplayJob.State.PLANNING:
@@ -174,7 +198,7 @@ def step(claimable, count: int, window: int | None = None) -> int:
             state = ReplayJob.State.RUNNING
         done += settle(pk, claimable, count)
         if state == ReplayJob.State.RUNNING:
-            done += top_up(pk, claimable, count, window)
+            done += top_up(pk, claimable, count, window, found)
         if state in (ReplayJob.State.RUNNING, ReplayJob.State.CANCELLED):
             finish(pk, state)
     return done
@@ -243,12 +267,27 @@ def settle(job_id: int, claimable, count: int) -> int:
     return len(ended)
 
 
-def top_up(job_id: int, claimable, count: int, window: int) -> int:
-    """Queue each of this engine's targets' next items, up to `window` unfinished."""
+def top_up(job_id: int, claimable, count: int, window: int, found=None) -> int:
+    """Queue each of this engine's targets' next items, up to `window` unfinished.
+    A paused target's items wait for its resume; an inactive one's are skipped
+    (its deliveries would wait in the database for ever)."""
     waiting = _items(job_id, Item.WAITING, claimable, count)
     targets = sorted(set(waiting.values_list("target_id", flat=True).distinct()))
     if not targets:
         return 0
+    held = dict(
+        Target.objects.filter(pk__in=targets)
+        .exclude(active=True, paused=False)
+        .values_list("pk", "active")
+    )
+    inactive = [t for t, active in held.items() if not active]
+    if inactive:
+        with transaction.atomic():
+            skipped = waiting.filter(target_id__in=inactive).update(
+                state=Item.DONE, outcome="skipped"
+            )
+            ReplayJob.objects.filter(pk=job_id).update(skipped=F("skipped") + skipped)
+    targets = [t for t in targets if t not in held]
     busy = dict(
         _items(job_id, Item.QUEUED, claimable, count)
         .filter(target_id__in=targets)
@@ -257,14 +296,17 @@ def top_up(job_id: int, claimable, count: int, window: int) -> int:
         .values_list("target_id", "n")
     )
     queued = 0
+    unseen: list[int] = []
     for target_id in targets:
         room = window - busy.get(target_id, 0)
         if room > 0:
-            queued += _queue(job_id, target_id, room)
-    return queued
+            queued += _queue(job_id, target_id, room, unseen)
+    if unseen and found is not None:
+        found(unseen)
+    return queued + len(inactive)
 
 
-def _queue(job_id: int, target_id: int, room: int) -> int:
+def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
     with transaction.atomic():
         # The job's row, locked: a pause or cancel committed before this reads
         # stops it; one arriving now waits for this batch (PostgreSQL). SQLite
@@ -289,9 +331,12 @@ def _queue(job_id: int, target_id: int, room: int) -> int:
         created = set()
         if job["to_target_id"] is not None:
             items, created = _create_missing(items, target_id, now)
-        statuses = dict(
-            Delivery.objects.filter(pk__in=[d for _, _, d in items]).values_list("pk", "status")
-        )
+        rows = Delivery.objects.filter(pk__in=[d for _, _, d in items])
+        statuses, attempted = {}, set()
+        for pk, status, attempts in rows.values_list("pk", "status", "attempts"):
+            statuses[pk] = status
+            if attempts:
+                attempted.add(pk)
         # Finished: set back to pending. Created now: pending already. Anything
         # else is on its way already (or gone): skipped, not sent twice.
         started = [
@@ -312,6 +357,7 @@ def _queue(job_id: int, target_id: int, room: int) -> int:
         )
         if started:
             wake.notify_on_commit(connection)
+    unseen.extend(d for _, d in started if d not in created and d not in attempted)
     return len(items)
 
 

@@ -121,11 +121,11 @@ class ReplayForm(forms.Form):
         """The cleaned selection as the fields post it (the job is started from
         exactly what was counted: `until` fixed)."""
         data = self.cleaned_data
-        shown = DateTimeLocalWidget().format_value
         return {
             "webhook": str(data["webhook"].pk),
-            "since": shown(data["since"]),
-            "until": shown(data["until"]),
+            # To the microsecond: the job is the window counted, not its minutes.
+            "since": data["since"].isoformat(),
+            "until": data["until"].isoformat(),
             "target": str(data["target"].pk) if data["target"] else "",
             "statuses": list(data["statuses"]),
             "to_target": str(data["to_target"].pk) if data["to_target"] else "",
@@ -263,6 +263,11 @@ class ReplayJobAdmin(OwnedAdmin):
         if not count:
             self.message_user(request, "Nothing matches: no job started.", messages.WARNING)
             return self.ask(request, form)
+        try:
+            replays.check_size(count)
+        except ValidationError as error:
+            form.add_error(None, error)
+            return self.ask(request, form)
         if request.POST.get("confirm") != "1":
             return ask_first(
                 self,
@@ -277,7 +282,11 @@ class ReplayJobAdmin(OwnedAdmin):
                 count=count,
                 noun="deliveries",
             )
-        job = replays.start(form.criteria, request.user)
+        try:
+            job = replays.start(form.criteria, request.user)
+        except ValidationError as error:  # grew past the limit since it was counted
+            form.add_error(None, error)
+            return self.ask(request, form)
         self.message_user(
             request, f"Replay job {job.pk} started: the engines run it.", messages.SUCCESS
         )

@@ -149,7 +149,10 @@ class ReplayViewSet(ReadOnlyViewSet):
         criteria = asked.validated_data["criteria"]
         if asked.validated_data["dry_run"]:
             return Response({"matched": criteria.count()})
-        job = replays.start(criteria, request.user)
+        try:
+            job = replays.start(criteria, request.user)
+        except DjangoValidationError as exc:  # too large a job
+            raise serializers.ValidationError(exc.message_dict) from None
         return Response(ReplayJobSerializer(job).data, status=201)
 
     cancel = replay_control(

@@ -80,7 +80,9 @@ class Engine:
         self.gate = TargetGate(concurrency=config.target_concurrency)
         self.overflow = Overflow()
         self.targets = TargetCache(clock=clock)
-        self._refreshing = threading.Lock()  # one check of the targets at a time
+        # One check of the targets at a time: two crossing could put back the
+        # older row of a target changed between their reads.
+        self._refreshing = threading.RLock()
         self.lanes = OrderedLanes()
         self.claimer = Claimer(
             inflight=self.inflight,
@@ -154,7 +156,8 @@ class Engine:
 
     def refresh_targets(self, *, force: bool = False) -> None:
         """Apply what changed in the targets' rows (targetcache.TargetCache.refresh)."""
-        changed, deleted = self.targets.refresh(force=force)
+        with self._refreshing:
+            changed, deleted = self.targets.refresh(force=force)
         for old in deleted:
             self._let_go(old.id)  # its rows are gone with it
         for old, new in changed:

@@ -52,7 +52,8 @@ def test_count_then_start_then_follow_a_job(alice):
     assert "Start the replay: 120 deliveries" in counted.content.decode()
     assert not ReplayJob.objects.filter(webhook=hook).exists()
     hidden = counted.context["hidden"]
-    assert (hidden["until"], hidden["statuses"]) == (OUTAGE_END.strftime(LOCAL), ["failed"])
+    posted_until = OUTAGE_END.replace(second=0).isoformat()  # the form posts minutes
+    assert (hidden["until"], hidden["statuses"]) == (posted_until, ["failed"])
 
     started = client.post(ADD, hidden, follow=True)
     job = ReplayJob.objects.get(webhook=hook)
@@ -207,12 +208,26 @@ def test_a_user_without_the_permission_gets_no_link_and_no_form(alice):
     assert client.get(ADD).status_code == 403
 
 
-def test_dates_shown_are_utc_as_the_form_reads_them(alice):
-    hook, _target, _, _ = world(alice, "alices")
+def test_the_job_started_is_the_window_counted_to_the_microsecond(alice):
+    """`until` left empty is now when counted; the job must end there, not at the
+    minute (which dropped the events of the last seconds, an outage's tail)."""
+    hook, _target, event, _ = world(alice, "alices")
     since = timezone.now().replace(second=0, microsecond=0) - datetime.timedelta(hours=2)
     client = client_for(alice)
     response = client.post(ADD, {"webhook": hook.pk, "since": since.strftime(LOCAL)})
-    # The one event of the world is inside [since, now): counted; until fixed to now.
-    assert response.context["count"] == 1
-    until = datetime.datetime.strptime(response.context["hidden"]["until"], LOCAL)
-    assert until.replace(tzinfo=datetime.UTC) > since
+    assert response.context["count"] == 1  # the world's event, a moment ago
+    counted = datetime.datetime.fromisoformat(response.context["hidden"]["until"])
+    assert counted > event.received_at
+    client.post(ADD, response.context["hidden"])
+    job = ReplayJob.objects.get(webhook=hook)
+    assert (job.since, job.until) == (since, counted)
+    assert replays.Criteria.of(job).count() == 1
+
+
+def test_a_window_larger_than_one_job_is_refused_by_field(alice, settings):
+    settings.REPLAY_MAX_DELIVERIES = 50
+    hook, target, _, _ = world(alice, "alices")
+    outage(hook, [target], n=80, outside=0)
+    response = client_for(alice).post(ADD, form_data(hook))
+    assert "one job sends at most 50" in response.context["form"].errors["until"][0]
+    assert not ReplayJob.objects.exists()

@@ -11,9 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from deliveries import replays
-from deliveries.models import Delivery, ReplayItem, ReplayJob, Webhook
+from deliveries.models import Delivery, Event, ReplayItem, ReplayJob, Target, Webhook
 from tests.support.engines import RunningEngine
-from tests.support.history import OUTAGE_END, OUTAGE_START, outage
+from tests.support.history import HOUR, OUTAGE_END, OUTAGE_START, history, outage
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -253,3 +254,62 @@ def test_the_engine_runs_a_job_against_a_receiver_and_holds_its_rate_limit(
     at = sorted(r.at for r in sink.requests())
     # Never more than the limit (and its burst) within any second.
     assert max(sum(1 for t in at[i:] if t < start + 1.0) for i, start in enumerate(at)) <= 150
+
+
+def test_an_inactive_target_is_left_out_and_one_deactivated_mid_job_is_skipped(
+    webhook, make_target
+):
+    a, b, off = make_target(name="a"), make_target(name="b"), make_target(name="off")
+    outage(webhook, [a, b, off], n=100, outside=0)
+    Target.objects.filter(pk=off.pk).update(active=False)
+    wanted = criteria(webhook)
+    assert wanted.count() == 200  # nothing would send the inactive one's
+    job = replays.start(wanted)
+    replays.step({0}, 1, window=30)
+    Target.objects.filter(pk=b.pk).update(active=False)
+    run_steps(job, window=30)
+    assert (job.state, job.matched, job.queued, job.skipped) == ("done", 200, 130, 70)
+    assert job.is_over() and job.on_its_way == 0
+
+
+def test_a_paused_targets_items_wait_and_a_cancel_is_over_without_them(webhook, make_target):
+    a = make_target(name="a")
+    outage(webhook, [a], n=50, outside=0)
+    job = replays.start(criteria(webhook))
+    replays.step({0}, 1, window=20)  # 20 queued
+    Delivery.objects.filter(status="pending").update(status="delivered")
+    Target.objects.filter(pk=a.pk).update(paused=True)
+    replays.step({0}, 1, window=20)
+    job.refresh_from_db()
+    assert (job.queued, job.delivered) == (20, 20)  # settled; nothing more queued
+    replays.cancel(job)
+    job.refresh_from_db()
+    assert job.is_over()
+
+
+def test_a_delivery_deleted_mid_job_does_not_keep_the_job_going(webhook, make_target):
+    a = make_target(name="a")
+    events = outage(webhook, [a], n=10, outside=0)
+    job = replays.start(criteria(webhook))
+    replays.step({0}, 1, window=5)
+    Event.objects.filter(pk=events[0].pk).delete()  # retention, say: queued, then gone
+    Event.objects.filter(pk=events[-1].pk).delete()  # waiting, then gone
+    run_steps(job, window=5)
+    assert job.state == "done" and job.is_over()
+    assert not replays.step({0}, 1, window=5)  # not looked at again
+
+
+def test_filtered_deliveries_replayed_are_sent_without_waiting_for_recovery(
+    webhook, make_target, sink
+):
+    target = make_target(url=sink.url("/f"), name="f")
+    history(webhook, [target], 30, start=OUTAGE_START, span=HOUR, status="filtered")
+    Delivery.objects.update(attempts=0)  # never attempted, as filtering leaves them
+    job = replays.start(criteria(webhook, statuses=("filtered",)))
+    with RunningEngine():
+        wait_until(
+            lambda: ReplayJob.objects.get(pk=job.pk).state == "done",
+            timeout=30,
+            message="the job to finish (recovery would take DELIVERY_STALE_AFTER)",
+        )
+    assert len(sink.requests("/f")) == 30
