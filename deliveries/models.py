@@ -1096,8 +1096,8 @@ class ReplayJob(models.Model):
     """Send again what a webhook received in a time range (deliveries/replays.py).
 
     Run by the engines, never in a web request: the engine owning partition
-    `id % DELIVERY_PARTITIONS` plans it (one ReplayItem per delivery to send, in one
-    transaction), and each item is queued by the engine owning its target's
+    `id % DELIVERY_PARTITIONS` plans it (one ReplayItem per delivery to send, in
+    batches), and each item is queued by the engine owning its target's
     partition, at most REPLAY_WINDOW of a job's deliveries per target at a time, so
     pause and cancel take effect within one window and the target's rate limit and
     breaker pace the job.
@@ -1137,6 +1137,10 @@ class ReplayJob(models.Model):
     failed = models.PositiveIntegerField(default=0)
     filtered = models.PositiveIntegerField(default=0)
     skipped = models.PositiveIntegerField(default=0)
+    # Planning goes in batches, each in its own transaction: the last (event,
+    # target) planned, which the next batch starts after.
+    plan_event = models.BigIntegerField(default=0)
+    plan_target = models.BigIntegerField(default=0)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, models.SET_NULL, null=True, blank=True, related_name="+"
     )
@@ -1165,9 +1169,13 @@ class ReplayJob(models.Model):
         return self.queued - self.delivered - self.failed - self.filtered
 
     def is_over(self) -> bool:
-        """Done, or cancelled with nothing left on its way: the engine has let go of
-        it (its items are gone). One query."""
-        return self.state in self.FINISHED and not self.items.exists()
+        """Done, or cancelled with nothing left on its way. At most one query."""
+        if self.state == self.State.DONE:
+            return True
+        return (
+            self.state == self.State.CANCELLED
+            and not self.items.filter(state=ReplayItem.State.QUEUED).exists()
+        )
 
 
 class ReplayItem(models.Model):

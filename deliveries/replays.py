@@ -2,10 +2,13 @@
 engines run, with a dry run, progress, pause, resume and cancel
 (docs/architecture.md, Replay jobs).
 
-A job is planned once: in one transaction, one ReplayItem per delivery to send
-(same targets: each matched delivery; `to_target`: each matched event) and the
-`matched` count, so what it sends is fixed at that instant and survives restarts.
-Then, in small transactions, each target's next items are queued: the delivery set
+A job is planned once, in batches of PLAN_BATCH: each batch's ReplayItems (same
+targets: one per matched delivery; `to_target`: one per matched event), its share
+of `matched` and the key it ended at are one transaction, so planning resumes
+exactly where it stopped, and what a job sends is fixed as it is planned and
+survives restarts; no transaction holds SQLite's writer for more than a batch.
+Items planned are queued while the rest is planned. In small transactions, each
+target's next items are queued: the delivery set
 back to pending (or created, for a `to_target` with none), the item marked queued
 and the job's count raised together, so a crash anywhere queues nothing twice and
 skips nothing. At most `REPLAY_WINDOW` of a job's deliveries to one target are
@@ -13,7 +16,7 @@ queued and unfinished at a time: the engine's own rate limit, breaker and per-ta
 gate pace them, live events keep their turn, and a pause or cancel lets at most that
 window finish (like EventBridge's CancelReplay: what is on its way completes).
 Queued items are settled (done, with how their delivery ended) as the engine
-finishes them.
+finishes them. A job over, its items are deleted a batch at a time (the counts stay).
 
 Who runs what, on PostgreSQL with many engines: the engine owning partition
 `job id % count` plans a job; the engine owning a target's partition queues and
@@ -36,8 +39,9 @@ from deliveries.engine.partitions import in_partitions
 from deliveries.models import Delivery, Event, ReplayItem, ReplayJob, Target
 
 Item = ReplayItem.State
-# Items written per INSERT while planning.
+# Items planned per transaction, and deleted per transaction once a job is over.
 PLAN_BATCH = 2000
+TIDY_BATCH = 5000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,19 +122,23 @@ class Criteria:
         """The dry run: how many deliveries a job started now would send."""
         return self.selected().count()
 
-    def rows(self):
+    def rows(self, after: tuple[int, int] = (0, 0)):
         """(event id, target id, delivery id or None) for each item, in the order
-        they are sent: by time received."""
+        they are sent (as received: by event id, then target), after the (event,
+        target) key `after`."""
+        event, target = after
         if self.to_target is None:
             return (
                 self.selected()
-                .order_by("event__received_at", "event_id", "target_id")
+                .filter(Q(event_id__gt=event) | Q(event_id=event, target_id__gt=target))
+                .order_by("event_id", "target_id")
                 .values_list("event_id", "target_id", "pk")
             )
         existing = Delivery.objects.filter(event=OuterRef("pk"), target_id=self.to_target.pk)
         return (
             self.selected()
-            .order_by("received_at", "pk")
+            .filter(pk__gt=event)
+            .order_by("pk")
             .annotate(
                 replay_target=models.Value(self.to_target.pk),
                 replay_delivery=models.Subquery(existing.values("pk")[:1]),
@@ -139,22 +147,9 @@ class Criteria:
         )
 
 
-def check_size(matched: int) -> None:
-    """ValidationError (on `until`) for a job larger than one plan may be."""
-    if matched > settings.REPLAY_MAX_DELIVERIES:
-        raise ValidationError(
-            {
-                "until": f"This window matches {matched} deliveries; one job sends at most "
-                f"{settings.REPLAY_MAX_DELIVERIES} (REPLAY_MAX_DELIVERIES): choose an "
-                "earlier until, and replay the rest as another job."
-            }
-        )
-
-
 def start(criteria: Criteria, user=None) -> ReplayJob:
     """Create the job (checked); the engines plan and run it."""
     criteria.clean()
-    check_size(criteria.count())
     with transaction.atomic():
         job = ReplayJob.objects.create(
             webhook=criteria.webhook,
@@ -174,7 +169,7 @@ def start(criteria: Criteria, user=None) -> ReplayJob:
 
 def step(claimable, count: int, window: int | None = None, found=None) -> int:
     """One turn over the jobs with work in this engine's partitions. Returns how
-    much it did (items planned, queued or settled), 0 when there was nothing.
+    much it did (items planned, queued, settled or deleted), 0 when nothing.
 
     `found(delivery_ids)`, if given, is told the deliveries set back to pending that
     were never attempted (filtered ones): the engine's intake finds set-back rows by
@@ -182,60 +177,65 @@ def step(claimable, count: int, window: int | None = None, found=None) -> int:
     window = settings.REPLAY_WINDOW if window is None else window
     done = 0
     # Beside the active ones: paused jobs with deliveries on their way (counted as
-    # they end), and cancelled ones with items left (they go when it is over).
+    # they end), and jobs over or cancelled with items left.
     items = ReplayItem.objects.filter(job=OuterRef("pk"))
     jobs = ReplayJob.objects.filter(
         Q(state__in=ReplayJob.ACTIVE)
         | (Q(state=ReplayJob.State.PAUSED) & Exists(items.filter(state=Item.QUEUED)))
-        | (Q(state=ReplayJob.State.CANCELLED) & Exists(items))
+        | (Q(state__in=ReplayJob.FINISHED) & Exists(items))
     ).values_list("pk", "state")
     for pk, state in list(jobs):
-        if state == ReplayJob.State.PLANNING:
-            planned = (count <= 1 or pk % count in claimable) and plan(pk)
-            if not planned:
-                continue
-            done += planned
-            state = ReplayJob.State.RUNNING
-        done += settle(pk, claimable, count)
-        if state == ReplayJob.State.RUNNING:
+        mine = count <= 1 or pk % count in claimable  # the job's own partition
+        if state == ReplayJob.State.PLANNING and mine:
+            done += plan(pk)
+        if state != ReplayJob.State.DONE:
+            done += settle(pk, claimable, count)
+        if state in ReplayJob.ACTIVE:
             done += top_up(pk, claimable, count, window, found)
-        if state in (ReplayJob.State.RUNNING, ReplayJob.State.CANCELLED):
-            finish(pk, state)
+        if state == ReplayJob.State.RUNNING:
+            finish(pk)
+        elif state in ReplayJob.FINISHED and mine:
+            done += tidy(pk)
     return done
 
 
 def plan(job_id: int) -> int:
-    """Write the job's items and its `matched` count, in one transaction."""
+    """Plan the job's next batch: its items, its share of `matched` and where it
+    ended, in one transaction; the last batch makes the job `running`. Returns
+    the items planned (at least 1 when the job moved)."""
+    job = (
+        ReplayJob.objects.select_related("webhook", "target", "to_target")
+        .filter(pk=job_id, state=ReplayJob.State.PLANNING)
+        .first()
+    )
+    if job is None:
+        return 0
+    after = (job.plan_event, job.plan_target)
+    # Read before the transaction: on SQLite a transaction holds the one writer
+    # from its BEGIN.
+    rows = list(Criteria.of(job).rows(after)[:PLAN_BATCH])
+    last = len(rows) < PLAN_BATCH
+    moved = {
+        "matched": F("matched") + len(rows),
+        "plan_event": rows[-1][0] if rows else after[0],
+        "plan_target": rows[-1][1] if rows else after[1],
+    }
+    if last:
+        moved.update(state=ReplayJob.State.RUNNING, planned_at=timezone.now())
     with transaction.atomic():
-        job = (
-            # Its own row only: the targets are an outer join, which PostgreSQL
-            # cannot lock.
-            ReplayJob.objects.select_for_update(of=("self",))
-            .select_related("webhook", "target", "to_target")
-            .filter(pk=job_id, state=ReplayJob.State.PLANNING)
-            .first()
-        )
-        if job is None:
+        # Conditional on the key it read: a pause, a cancel or another engine's
+        # batch committed meanwhile, and this batch is not written.
+        if not ReplayJob.objects.filter(
+            pk=job_id,
+            state=ReplayJob.State.PLANNING,
+            plan_event=after[0],
+            plan_target=after[1],
+        ).update(**moved):
             return 0
-        matched = 0
-        batch = []
-        for event_id, target_id, delivery_id in (
-            Criteria.of(job).rows().iterator(chunk_size=PLAN_BATCH)
-        ):
-            batch.append(
-                ReplayItem(job=job, event_id=event_id, target_id=target_id, delivery_id=delivery_id)
-            )
-            if len(batch) == PLAN_BATCH:
-                ReplayItem.objects.bulk_create(batch)
-                matched += len(batch)
-                batch = []
-        ReplayItem.objects.bulk_create(batch)
-        matched += len(batch)
-        job.matched = matched
-        job.state = ReplayJob.State.RUNNING
-        job.planned_at = timezone.now()
-        job.save(update_fields=["matched", "state", "planned_at"])
-    return max(matched, 1)
+        ReplayItem.objects.bulk_create(
+            ReplayItem(job_id=job_id, event_id=e, target_id=t, delivery_id=d) for e, t, d in rows
+        )
+    return max(len(rows), 1)
 
 
 def _items(job_id: int, state, claimable, count):
@@ -272,7 +272,7 @@ def top_up(job_id: int, claimable, count: int, window: int, found=None) -> int:
     A paused target's items wait for its resume; an inactive one's are skipped
     (its deliveries would wait in the database for ever)."""
     waiting = _items(job_id, Item.WAITING, claimable, count)
-    targets = sorted(set(waiting.values_list("target_id", flat=True).distinct()))
+    targets = [t for t in _waiting_targets(job_id) if count <= 1 or t % count in claimable]
     if not targets:
         return 0
     held = dict(
@@ -306,6 +306,29 @@ def top_up(job_id: int, claimable, count: int, window: int, found=None) -> int:
     return queued + len(inactive)
 
 
+# The distinct targets of a job's waiting items, one index probe per target along
+# replay_item_idx (job, state, target, id): a loose index scan, which neither
+# SQLite nor PostgreSQL plans for a DISTINCT on their own (they read every waiting
+# item, every step, while a job of 100 000 runs).
+WAITING_TARGETS = """
+WITH RECURSIVE waiting(target) AS (
+    SELECT MIN(target_id) FROM {table} WHERE job_id = %s AND state = %s
+    UNION ALL
+    SELECT (SELECT MIN(target_id) FROM {table}
+            WHERE job_id = %s AND state = %s AND target_id > waiting.target)
+    FROM waiting WHERE waiting.target IS NOT NULL
+)
+SELECT target FROM waiting WHERE target IS NOT NULL
+"""
+
+
+def _waiting_targets(job_id: int) -> list[int]:
+    sql = WAITING_TARGETS.format(table=connection.ops.quote_name(ReplayItem._meta.db_table))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [job_id, Item.WAITING, job_id, Item.WAITING])
+        return [row[0] for row in cursor.fetchall()]
+
+
 def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
     with transaction.atomic():
         # The job's row, locked: a pause or cancel committed before this reads
@@ -313,7 +336,7 @@ def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
         # has one writer, which orders them the same way.
         job = (
             ReplayJob.objects.select_for_update()
-            .filter(pk=job_id, state=ReplayJob.State.RUNNING)
+            .filter(pk=job_id, state__in=ReplayJob.ACTIVE)
             .values("to_target_id")
             .first()
         )
@@ -383,20 +406,24 @@ def _create_missing(items, target_id: int, now) -> tuple[list, set]:
     return items, set(found.values())
 
 
-def finish(job_id: int, state: str) -> None:
-    """A running job with every item done is done; a cancelled one with nothing
-    left on its way is over. Their items go (the counts stay)."""
-    with transaction.atomic():
-        if state == ReplayJob.State.RUNNING:
-            over = (
-                ReplayJob.objects.filter(pk=job_id, state=state)
-                .exclude(Exists(ReplayItem.objects.filter(job=OuterRef("pk"), state__lt=Item.DONE)))
-                .update(state=ReplayJob.State.DONE, finished_at=timezone.now())
-            )
-        else:
-            over = not ReplayItem.objects.filter(job_id=job_id, state=Item.QUEUED).exists()
-        if over:
-            ReplayItem.objects.filter(job_id=job_id).delete()
+def finish(job_id: int) -> None:
+    """A running job with every item done is done."""
+    ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).exclude(
+        Exists(ReplayItem.objects.filter(job=OuterRef("pk"), state__lt=Item.DONE))
+    ).update(state=ReplayJob.State.DONE, finished_at=timezone.now())
+
+
+def tidy(job_id: int) -> int:
+    """Delete a batch of the items of a job done or cancelled (a cancelled job's
+    queued ones stay until they are settled). Returns how many."""
+    pks = list(
+        ReplayItem.objects.filter(job_id=job_id)
+        .exclude(state=Item.QUEUED)
+        .values_list("pk", flat=True)[:TIDY_BATCH]
+    )
+    if pks:
+        ReplayItem.objects.filter(pk__in=pks).delete()
+    return len(pks)
 
 
 # --- what a user does (console, API, command) -------------------------------------
@@ -426,12 +453,12 @@ def resume(job: ReplayJob) -> bool:
 
 
 def cancel(job: ReplayJob) -> bool:
-    """Stop for good: nothing more is queued, what is queued finishes and is counted."""
+    """Stop for good: nothing more is queued, what is queued finishes and is counted;
+    the engines delete the rest of its items."""
     with transaction.atomic():
         cancelled = ReplayJob.objects.filter(
             pk=job.pk, state__in=(*ReplayJob.ACTIVE, ReplayJob.State.PAUSED)
         ).update(state=ReplayJob.State.CANCELLED, finished_at=timezone.now())
         if cancelled:
-            ReplayItem.objects.filter(job_id=job.pk, state=Item.WAITING).delete()
-            finish(job.pk, ReplayJob.State.CANCELLED)  # over now, if nothing is on its way
+            wake.notify_on_commit(connection)
     return bool(cancelled)

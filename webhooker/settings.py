@@ -384,9 +384,6 @@ DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 10, minimum
 # How many of one replay job's deliveries to one target are queued at a time
 # (deliveries/replays.py): pausing or cancelling a job lets at most these finish.
 REPLAY_WINDOW = _number("REPLAY_WINDOW", 100, minimum=1)
-# Most deliveries one replay job may send: its plan is one transaction (on SQLite it
-# holds the writer about 30 ms per 1 000), so a larger window is split.
-REPLAY_MAX_DELIVERIES = _number("REPLAY_MAX_DELIVERIES", 100_000, minimum=1)
 DELIVERY_HTTP_TIMEOUT = _number("DELIVERY_HTTP_TIMEOUT", 10.0, cast=float, minimum=0.1)
 # A PEM bundle of the CAs that https targets may present (a private CA inside the
 # network); empty: the public roots.

@@ -263,11 +263,6 @@ class ReplayJobAdmin(OwnedAdmin):
         if not count:
             self.message_user(request, "Nothing matches: no job started.", messages.WARNING)
             return self.ask(request, form)
-        try:
-            replays.check_size(count)
-        except ValidationError as error:
-            form.add_error(None, error)
-            return self.ask(request, form)
         if request.POST.get("confirm") != "1":
             return ask_first(
                 self,
@@ -284,7 +279,7 @@ class ReplayJobAdmin(OwnedAdmin):
             )
         try:
             job = replays.start(form.criteria, request.user)
-        except ValidationError as error:  # grew past the limit since it was counted
+        except ValidationError as error:  # a target deactivated since it was counted
             form.add_error(None, error)
             return self.ask(request, form)
         self.message_user(

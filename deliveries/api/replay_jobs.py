@@ -151,7 +151,7 @@ class ReplayViewSet(ReadOnlyViewSet):
             return Response({"matched": criteria.count()})
         try:
             job = replays.start(criteria, request.user)
-        except DjangoValidationError as exc:  # too large a job
+        except DjangoValidationError as exc:  # a target deactivated since it was checked
             raise serializers.ValidationError(exc.message_dict) from None
         return Response(ReplayJobSerializer(job).data, status=201)
 

@@ -120,15 +120,3 @@ def test_to_a_new_target_with_until_and_pending_sources(alice):
         "/api/v1/replays/", {**body, "statuses": ["retrying"], "dry_run": True}, format="json"
     )
     assert response.json() == {"matched": 1}
-
-
-def test_a_window_larger_than_one_job_answers_400_naming_until(alice, settings):
-    settings.REPLAY_MAX_DELIVERIES = 0
-    hook, _target, _, _ = world(alice, "alices")
-    jobs = ReplayJob.objects.count()
-    response = client_of(alice).post(
-        "/api/v1/replays/", {"webhook": hook.pk, "since": SINCE}, format="json"
-    )
-    assert response.status_code == 400
-    assert "one job sends at most 0" in response.json()["fields"]["until"][0]
-    assert ReplayJob.objects.count() == jobs

@@ -165,6 +165,7 @@ def test_a_job_cancelled_with_nothing_on_its_way_is_over_at_once(webhook, make_t
     replays.cancel(job)
     job.refresh_from_db()
     assert job.state == "cancelled" and job.is_over()
+    replays.step({0}, 1, window=20)  # its items tidied away
     assert not ReplayItem.objects.exists()
 
 
@@ -197,13 +198,14 @@ def test_a_step_costs_a_few_queries_whatever_the_jobs_size(webhook, make_target)
     a = make_target(name="a")
     outage(webhook, [a], n=3_000, outside=0)
     job = replays.start(criteria(webhook))
-    replays.step({0}, 1, window=1_000)
-    Delivery.objects.filter(status="pending").update(status="delivered")
+    for _ in range(2):  # planned (two batches), 2 000 queued, 1 000 delivered
+        replays.step({0}, 1, window=1_000)
+        Delivery.objects.filter(status="pending").update(status="delivered")
     with CaptureQueriesContext(connection) as queries:
         replays.step({0}, 1, window=1_000)
     assert len(queries) <= 25, [q["sql"] for q in queries]
     job.refresh_from_db()
-    assert (job.queued, job.delivered) == (2_000, 1_000)
+    assert (job.state, job.queued, job.delivered) == ("running", 3_000, 2_000)
 
 
 def test_criteria_are_checked(webhook, make_target, user):
@@ -313,3 +315,37 @@ def test_filtered_deliveries_replayed_are_sent_without_waiting_for_recovery(
             message="the job to finish (recovery would take DELIVERY_STALE_AFTER)",
         )
     assert len(sink.requests("/f")) == 30
+
+
+def test_planning_goes_in_batches_that_resume_where_they_stopped(webhook, make_target, monkeypatch):
+    a, b = make_target(name="a"), make_target(name="b")
+    outage(webhook, [a, b], n=250, outside=20)
+    monkeypatch.setattr(replays, "PLAN_BATCH", 100)
+    job = replays.start(criteria(webhook))
+    assert replays.plan(job.pk) == 100
+    job.refresh_from_db()
+    assert (job.state, job.matched) == ("planning", 100)
+    replays.pause(job)
+    assert replays.plan(job.pk) == 0  # paused: no batch
+    replays.resume(job)
+    job.refresh_from_db()
+    assert job.state == "planning"  # its plan was not complete
+    # Another engine's batch commits while this one reads its own: this one is
+    # not written (its key moved), and nothing is planned twice.
+    real_rows = replays.Criteria.rows
+
+    def rows_then_a_crossing_batch(self, after=(0, 0)):
+        rows = list(real_rows(self, after)[: replays.PLAN_BATCH])
+        monkeypatch.setattr(replays.Criteria, "rows", real_rows)
+        assert replays.plan(job.pk) == 100  # the other engine's
+        return rows
+
+    monkeypatch.setattr(replays.Criteria, "rows", rows_then_a_crossing_batch)
+    assert replays.plan(job.pk) == 0
+    while replays.plan(job.pk):
+        pass
+    job.refresh_from_db()
+    assert (job.state, job.matched) == ("running", 500)
+    items = list(ReplayItem.objects.order_by("id").values_list("event_id", "target_id"))
+    assert len(set(items)) == 500 and items == sorted(items)  # each once, in order
+    assert job.planned_at is not None
