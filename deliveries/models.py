@@ -611,6 +611,14 @@ class Event(models.Model):
         return copy
 
 
+# The reason a delivery set back to pending that was never attempted (a filtered
+# one) carries until its attempt: what intake's sweep of set-back rows finds it by,
+# since it has no attempt to be found by (delivery_requeued_idx).
+SENT_AGAIN = "sent again"
+# Pending deliveries set back by a redeliver or replay (or hurried by Retry now).
+REQUEUED = models.Q(status="pending") & (models.Q(attempts__gt=0) | models.Q(reason=SENT_AGAIN))
+
+
 class DeliveryQuerySet(OwnedQuerySet):
     owner_path = "target__webhook__owner"
 
@@ -628,8 +636,8 @@ class DeliveryQuerySet(OwnedQuerySet):
         )
 
     def requeued(self):
-        """Pending deliveries that were attempted before: set back by a redeliver."""
-        return self.filter(status=Delivery.Status.PENDING, attempts__gt=0)
+        """Pending deliveries set back: attempted before, or marked SENT_AGAIN."""
+        return self.filter(REQUEUED)
 
     def redeliver(self) -> int:
         """Set the finished deliveries among these back to pending, keeping their
@@ -657,9 +665,16 @@ class DeliveryQuerySet(OwnedQuerySet):
         return hurried
 
     def set_pending(self, now) -> int:
-        """The transition of redeliver and replay, without the transaction or the wake."""
+        """The transition of redeliver and replay, without the transaction or the wake.
+        One never attempted is marked SENT_AGAIN, for intake to find it."""
         return self.filter(status__in=Delivery.FINISHED).update(
-            status=Delivery.Status.PENDING, next_attempt_at=None, reason="", updated_at=now
+            status=Delivery.Status.PENDING,
+            next_attempt_at=None,
+            reason=models.Case(
+                models.When(attempts=0, then=models.Value(SENT_AGAIN)),
+                default=models.Value(""),
+            ),
+            updated_at=now,
         )
 
 
@@ -682,7 +697,8 @@ class Delivery(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    # Why it ended with no attempt (filtered): the filters, or the transform.
+    # Why it ended with no attempt (filtered): the filters, or the transform; or,
+    # set back to pending without one, SENT_AGAIN until its attempt.
     reason = models.CharField(max_length=200, blank=True, default="", db_default="")
     # Whose fault its final failure was (status failed): targets.base.FAILURES.
     failure = models.CharField(
@@ -735,11 +751,7 @@ class Delivery(models.Model):
                 condition=models.Q(status="retrying"),
             ),
             # Intake's sweep of deliveries set back to pending by a redeliver.
-            models.Index(
-                fields=["id"],
-                name="delivery_requeued_idx",
-                condition=models.Q(status="pending", attempts__gt=0),
-            ),
+            models.Index(fields=["id"], name="delivery_requeued_idx", condition=REQUEUED),
             # Intake's per-target drain once a full target has room again.
             models.Index(
                 fields=["target", "id"],

@@ -167,13 +167,9 @@ def start(criteria: Criteria, user=None) -> ReplayJob:
 # --- what the engine does (deliveries/engine/runner.py runs step) -----------------
 
 
-def step(claimable, count: int, window: int | None = None, found=None) -> int:
+def step(claimable, count: int, window: int | None = None) -> int:
     """One turn over the jobs with work in this engine's partitions. Returns how
-    much it did (items planned, queued, settled or deleted), 0 when nothing.
-
-    `found(delivery_ids)`, if given, is told the deliveries set back to pending that
-    were never attempted (filtered ones): the engine's intake finds set-back rows by
-    their attempts, so without it they would wait for the recovery tick."""
+    much it did (items planned, queued, settled or deleted), 0 when nothing."""
     window = settings.REPLAY_WINDOW if window is None else window
     done = 0
     # Beside the active ones: paused jobs with deliveries on their way (counted as
@@ -191,7 +187,7 @@ def step(claimable, count: int, window: int | None = None, found=None) -> int:
         if state != ReplayJob.State.DONE:
             done += settle(pk, claimable, count)
         if state in ReplayJob.ACTIVE:
-            done += top_up(pk, claimable, count, window, found)
+            done += top_up(pk, claimable, count, window)
         if state == ReplayJob.State.RUNNING:
             finish(pk)
         elif state in ReplayJob.FINISHED and mine:
@@ -267,7 +263,7 @@ def settle(job_id: int, claimable, count: int) -> int:
     return len(ended)
 
 
-def top_up(job_id: int, claimable, count: int, window: int, found=None) -> int:
+def top_up(job_id: int, claimable, count: int, window: int) -> int:
     """Queue each of this engine's targets' next items, up to `window` unfinished.
     A paused target's items wait for its resume; an inactive one's are skipped
     (its deliveries would wait in the database for ever)."""
@@ -296,13 +292,10 @@ def top_up(job_id: int, claimable, count: int, window: int, found=None) -> int:
         .values_list("target_id", "n")
     )
     queued = 0
-    unseen: list[int] = []
     for target_id in targets:
         room = window - busy.get(target_id, 0)
         if room > 0:
-            queued += _queue(job_id, target_id, room, unseen)
-    if unseen and found is not None:
-        found(unseen)
+            queued += _queue(job_id, target_id, room)
     return queued + len(inactive)
 
 
@@ -329,7 +322,7 @@ def _waiting_targets(job_id: int) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
+def _queue(job_id: int, target_id: int, room: int) -> int:
     with transaction.atomic():
         # The job's row, locked: a pause or cancel committed before this reads
         # stops it; one arriving now waits for this batch (PostgreSQL). SQLite
@@ -354,20 +347,15 @@ def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
         created = set()
         if job["to_target_id"] is not None:
             items, created = _create_missing(items, target_id, now)
-        rows = Delivery.objects.filter(pk__in=[d for _, _, d in items])
-        statuses, attempted = {}, set()
-        for pk, status, attempts in rows.values_list("pk", "status", "attempts"):
-            statuses[pk] = status
-            if attempts:
-                attempted.add(pk)
+        statuses = dict(
+            Delivery.objects.filter(pk__in=[d for _, _, d in items]).values_list("pk", "status")
+        )
         # Finished: set back to pending. Created now: pending already. Anything
         # else is on its way already (or gone): skipped, not sent twice.
         started = [
             (pk, d) for pk, _, d in items if d in created or statuses.get(d) in Delivery.FINISHED
         ]
-        Delivery.objects.filter(
-            pk__in=[d for _, d in started], status__in=Delivery.FINISHED
-        ).update(status=Delivery.Status.PENDING, next_attempt_at=None, reason="", updated_at=now)
+        Delivery.objects.filter(pk__in=[d for _, d in started]).set_pending(now)
         begun = {pk for pk, _ in started}
         skipped = [pk for pk, _, _ in items if pk not in begun]
         ReplayItem.objects.bulk_update(
@@ -380,7 +368,6 @@ def _queue(job_id: int, target_id: int, room: int, unseen: list) -> int:
         )
         if started:
             wake.notify_on_commit(connection)
-    unseen.extend(d for _, d in started if d not in created and d not in attempted)
     return len(items)
 
 

@@ -395,16 +395,10 @@ class Runner:
             )
 
     def replay_once(self) -> int:
-        """Step the replay jobs with work in this engine's partitions; the filtered
-        deliveries they set back, which intake would not find, are claimed here."""
-        engine = self.engine
-        partitions = engine.partitions
+        """Step the replay jobs with work in this engine's partitions."""
+        partitions = self.engine.partitions
         claimable, _ = partitions.claims
-
-        def found(ids):
-            engine.recover_in(lambda rows: partitions.filter(rows).filter(pk__in=ids))
-
-        return replays.step(claimable, partitions.count, found=found)
+        return replays.step(claimable, partitions.count)
 
     def _run_until_idle(self) -> None:
         """For --once: intake from this thread until a pass finds nothing to do."""

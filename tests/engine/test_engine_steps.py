@@ -215,6 +215,26 @@ def test_intake_takes_a_redelivered_delivery(entrypoint, make_target, sink):
     assert engine.inflight.held() == 0
 
 
+def test_intake_takes_a_redelivered_filtered_delivery_that_was_never_attempted(
+    entrypoint, make_target, sink
+):
+    """A filtered delivery was never attempted (attempts 0), and intake's sweep of
+    set-back rows read only attempted ones: redelivered, it waited for the
+    recovery tick (DELIVERY_STALE_AFTER, 15 minutes)."""
+    make_target(url=sink.url("/f"))
+    engine = started_engine()
+    store(entrypoint, body=b'{"n": 1}')
+    assert engine.intake_once() == 1
+    # As the engine's filters leave it (their rule since changed, say).
+    Delivery.objects.update(status="filtered", reason="filters did not match")
+    engine.release(engine.channel.get(0))
+    assert Delivery.objects.all().redeliver() == 1
+    assert engine.intake_once() == 1
+    pump(engine, lambda: set(statuses().values()) == {"delivered"})
+    assert Delivery.objects.get().reason == ""
+    assert len(sink.requests("/f")) == 1
+
+
 def test_a_full_target_waits_in_the_database(entrypoint, make_target, sink):
     small = make_target(url=sink.url("/small"), name="small", max_queue_size=2)
     other = make_target(url=sink.url("/other"), name="other")
