@@ -30,7 +30,7 @@ import datetime
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import connection, models, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q
 from django.utils import timezone
 
@@ -130,6 +130,8 @@ class Criteria:
         if self.to_target is None:
             return (
                 self.selected()
+                # The >= is the bound an index range starts from; the OR is exact.
+                .filter(event_id__gte=event)
                 .filter(Q(event_id__gt=event) | Q(event_id=event, target_id__gt=target))
                 .order_by("event_id", "target_id")
                 .values_list("event_id", "target_id", "pk")
@@ -148,13 +150,17 @@ class Criteria:
 
 
 def start(criteria: Criteria, user=None) -> ReplayJob:
-    """Create the job (checked); the engines plan and run it."""
+    """Create the job (checked); the engines plan and run it. Its window ends now
+    at the latest: events received while it is planned are not in it (they are
+    being delivered as they come)."""
     criteria.clean()
+    now = timezone.now()
     with transaction.atomic():
         job = ReplayJob.objects.create(
             webhook=criteria.webhook,
             since=criteria.since,
-            until=criteria.until,
+            until=min(criteria.until, now),
+            created_at=now,
             target=criteria.target,
             statuses=list(criteria.statuses),
             to_target=criteria.to_target,
@@ -218,19 +224,25 @@ def plan(job_id: int) -> int:
     }
     if last:
         moved.update(state=ReplayJob.State.RUNNING, planned_at=timezone.now())
-    with transaction.atomic():
-        # Conditional on the key it read: a pause, a cancel or another engine's
-        # batch committed meanwhile, and this batch is not written.
-        if not ReplayJob.objects.filter(
-            pk=job_id,
-            state=ReplayJob.State.PLANNING,
-            plan_event=after[0],
-            plan_target=after[1],
-        ).update(**moved):
-            return 0
-        ReplayItem.objects.bulk_create(
-            ReplayItem(job_id=job_id, event_id=e, target_id=t, delivery_id=d) for e, t, d in rows
-        )
+    try:
+        with transaction.atomic():
+            # Conditional on the key it read: a pause, a cancel or another engine's
+            # batch committed meanwhile, and this batch is not written.
+            if not ReplayJob.objects.filter(
+                pk=job_id,
+                state=ReplayJob.State.PLANNING,
+                plan_event=after[0],
+                plan_target=after[1],
+            ).update(**moved):
+                return 0
+            ReplayItem.objects.bulk_create(
+                ReplayItem(job_id=job_id, event_id=e, target_id=t, delivery_id=d)
+                for e, t, d in rows
+            )
+    except IntegrityError:
+        # A row of the batch was deleted since it was read (retention, a user):
+        # nothing was written; the next step reads the batch again without it.
+        return 0
     return max(len(rows), 1)
 
 
@@ -279,10 +291,17 @@ def top_up(job_id: int, claimable, count: int, window: int) -> int:
     inactive = [t for t, active in held.items() if not active]
     if inactive:
         with transaction.atomic():
-            skipped = waiting.filter(target_id__in=inactive).update(
-                state=Item.DONE, outcome="skipped"
-            )
-            ReplayJob.objects.filter(pk=job_id).update(skipped=F("skipped") + skipped)
+            # Only while it runs (the job's row locked): a cancelled job's items
+            # are tidied away, not counted.
+            if (
+                ReplayJob.objects.select_for_update()
+                .filter(pk=job_id, state__in=ReplayJob.ACTIVE)
+                .exists()
+            ):
+                skipped = waiting.filter(target_id__in=inactive).update(
+                    state=Item.DONE, outcome="skipped"
+                )
+                ReplayJob.objects.filter(pk=job_id).update(skipped=F("skipped") + skipped)
     targets = [t for t in targets if t not in held]
     busy = dict(
         _items(job_id, Item.QUEUED, claimable, count)

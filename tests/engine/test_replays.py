@@ -1,6 +1,7 @@
 """Replay jobs (deliveries/replays.py): planned once, queued a window at a time by
 the engine, counted as they end; paused, resumed and cancelled."""
 
+import datetime
 import io
 from collections import Counter
 
@@ -9,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from deliveries import replays
 from deliveries.models import Delivery, Event, ReplayItem, ReplayJob, Target, Webhook
@@ -349,3 +351,43 @@ def test_planning_goes_in_batches_that_resume_where_they_stopped(webhook, make_t
     items = list(ReplayItem.objects.order_by("id").values_list("event_id", "target_id"))
     assert len(set(items)) == 500 and items == sorted(items)  # each once, in order
     assert job.planned_at is not None
+
+
+def test_events_received_while_a_job_is_planned_are_not_in_it(webhook, make_target, monkeypatch):
+    a = make_target(name="a")
+    outage(webhook, [a], n=300, outside=0)
+    monkeypatch.setattr(replays, "PLAN_BATCH", 100)
+    later = timezone.now() + datetime.timedelta(hours=1)
+    job = replays.start(replays.Criteria(webhook, OUTAGE_START, later))
+    assert job.until <= timezone.now()  # the window ends when the job starts
+    replays.plan(job.pk)
+    live = Event.objects.create(webhook=webhook, method="POST", body=b"{}")
+    Delivery.objects.create(event=live, target=a, status="delivered", attempts=1)
+    while replays.plan(job.pk):
+        pass
+    job.refresh_from_db()
+    assert job.matched == 300
+    assert not ReplayItem.objects.filter(event=live).exists()
+
+
+def test_a_row_deleted_while_its_batch_is_read_is_left_out_not_an_error(
+    webhook, make_target, monkeypatch
+):
+    a = make_target(name="a")
+    events = outage(webhook, [a], n=50, outside=0)
+    job = replays.start(criteria(webhook))
+    real_rows = replays.Criteria.rows
+
+    def rows_then_retention(self, after=(0, 0)):
+        rows = list(real_rows(self, after))
+        monkeypatch.setattr(replays.Criteria, "rows", real_rows)
+        Event.objects.filter(pk=events[0].pk).delete()  # its delivery goes with it
+        return rows
+
+    monkeypatch.setattr(replays.Criteria, "rows", rows_then_retention)
+    assert replays.plan(job.pk) == 0  # nothing written
+    job.refresh_from_db()
+    assert (job.state, job.matched) == ("planning", 0)
+    assert replays.plan(job.pk) == 49
+    job.refresh_from_db()
+    assert (job.state, job.matched) == ("running", 49)
