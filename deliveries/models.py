@@ -1175,11 +1175,6 @@ class ReplayJob(models.Model):
     def __str__(self):
         return f"replay {self.pk}"
 
-    @property
-    def on_its_way(self) -> int:
-        """Queued and not ended yet."""
-        return self.queued - self.delivered - self.failed - self.filtered
-
     def is_over(self) -> bool:
         """Done, or cancelled with nothing left on its way. At most one query."""
         if self.state == self.State.DONE:

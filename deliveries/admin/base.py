@@ -24,6 +24,7 @@ from django.utils import formats
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
+from django.views.decorators.http import require_POST
 from unfold.admin import ModelAdmin, TabularInline
 from unfold.widgets import UnfoldAdminTextInputWidget
 
@@ -175,6 +176,21 @@ def confirm_page(model_admin, request, queryset, description, noun):
         count=count,
         noun=noun,
     )
+
+
+def post_urls(model_admin, view, names) -> list:
+    """One POST-only URL per name, `<object id>/<name with dashes>/`, named
+    `<app>_<model>_<name>`, calling view(name, request, object_id): the buttons
+    of an object's page (post_buttons())."""
+    opts = model_admin.opts
+    return [
+        path(
+            f"<path:object_id>/{name.replace('_', '-')}/",
+            model_admin.admin_site.admin_view(require_POST(functools.partial(view, name))),
+            name=f"{opts.app_label}_{opts.model_name}_{name}",
+        )
+        for name in names
+    ]
 
 
 def redirect_back(request, url: str, fallback: str) -> HttpResponseRedirect:

@@ -2,14 +2,11 @@
 with the delivery's state in one statement, reloading itself while the delivery is
 on its way), the Redeliver and Retry now actions and buttons."""
 
-import functools
-
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import F
 from django.template.loader import render_to_string
-from django.urls import path, reverse
-from django.views.decorators.http import require_POST
+from django.urls import reverse
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
 from deliveries import export
@@ -23,6 +20,7 @@ from deliveries.admin.base import (
     confirmed,
     copyable_code,
     delivery_buttons,
+    post_urls,
     redirect_back,
     status_badge,
 )
@@ -108,14 +106,7 @@ class DeliveryAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
     readonly_fields = flatten_fieldsets(fieldsets)
 
     def get_urls(self):
-        return [
-            path(
-                f"<path:object_id>/{name.replace('_', '-')}/",
-                self.admin_site.admin_view(require_POST(functools.partial(self.act_on_one, name))),
-                name=f"deliveries_delivery_{name}",
-            )
-            for name in ("retry_now", "redeliver")
-        ] + super().get_urls()
+        return post_urls(self, self.act_on_one, ("retry_now", "redeliver")) + super().get_urls()
 
     def act_on_one(self, name, request, object_id):
         """The page buttons: one delivery, no confirmation needed (it is one)."""

@@ -2,17 +2,15 @@
 delivery lists' filters) after its dry-run count, followed on a page that reloads
 itself, paused, resumed and cancelled. The engines run them (deliveries/replays.py)."""
 
-import functools
-
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpResponseRedirect
 from django.template.loader import render_to_string
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import urlencode
-from django.views.decorators.http import require_POST
 from unfold.widgets import UnfoldAdminCheckboxSelectMultipleWidget, UnfoldAdminSelectWidget
 
 from deliveries import replays
@@ -24,6 +22,7 @@ from deliveries.admin.base import (
     badge,
     parse_id,
     post_buttons,
+    post_urls,
     redirect_back,
 )
 from deliveries.admin.filters import WebhookFilter
@@ -181,7 +180,7 @@ def replay_link(request, model_name: str) -> str:
     a user who may not start one."""
     if not request.user.has_perm("deliveries.add_replayjob"):
         return ""
-    query = request.GET.copy()
+    query = request.GET
     prefill = {}
     for param, field in FROM_LIST[model_name].items():
         if param.endswith(("_from", "_to")):
@@ -225,28 +224,10 @@ class ReplayJobAdmin(OwnedAdmin):
         (None, {"fields": [("webhook", "window"), "selection"]}),
         (None, {"fields": [("created_by", "created_at"), ("planned_at", "finished_at")]}),
     ]
-    readonly_fields = [
-        "controls",
-        "state_badge",
-        "progress",
-        "webhook",
-        "window",
-        "selection",
-        "created_by",
-        "created_at",
-        "planned_at",
-        "finished_at",
-    ]
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     def get_urls(self):
-        return [
-            path(
-                f"<path:object_id>/{verb}/",
-                self.admin_site.admin_view(require_POST(functools.partial(self.control, verb))),
-                name=f"deliveries_replayjob_{verb}",
-            )
-            for verb in VERBS
-        ] + super().get_urls()
+        return post_urls(self, self.control, VERBS) + super().get_urls()
 
     def add_view(self, request, form_url="", extra_context=None):
         """The form (prefilled from ?webhook=&since=…), then its dry-run count to
@@ -259,33 +240,29 @@ class ReplayJobAdmin(OwnedAdmin):
         )
         if not posted or not form.is_valid():
             return self.ask(request, form)
+        if request.POST.get("confirm") == "1":
+            job = replays.start(form.criteria, request.user)
+            self.message_user(
+                request, f"Replay job {job.pk} started: the engines run it.", messages.SUCCESS
+            )
+            return HttpResponseRedirect(reverse("admin:deliveries_replayjob_change", args=[job.pk]))
         count = form.criteria.count()
         if not count:
             self.message_user(request, "Nothing matches: no job started.", messages.WARNING)
             return self.ask(request, form)
-        if request.POST.get("confirm") != "1":
-            return ask_first(
-                self,
-                request,
-                title="Start a replay job",
-                intro=describe(form.criteria)
-                + " Counted now, a dry run: the job fixes its own list when an engine "
-                "plans it.",
-                objects=[],
-                hidden={**form.as_query(), "confirm": "1"},
-                submit=f"Start the replay: {count} deliveries",
-                count=count,
-                noun="deliveries",
-            )
-        try:
-            job = replays.start(form.criteria, request.user)
-        except ValidationError as error:  # a target deactivated since it was counted
-            form.add_error(None, error)
-            return self.ask(request, form)
-        self.message_user(
-            request, f"Replay job {job.pk} started: the engines run it.", messages.SUCCESS
+        return ask_first(
+            self,
+            request,
+            title="Start a replay job",
+            intro=describe(form.criteria)
+            + " Counted now, a dry run: the job fixes its own list when an engine "
+            "plans it.",
+            objects=[],
+            hidden={**form.as_query(), "confirm": "1"},
+            submit=f"Start the replay: {count} deliveries",
+            count=count,
+            noun="deliveries",
         )
-        return HttpResponseRedirect(reverse("admin:deliveries_replayjob_change", args=[job.pk]))
 
     def ask(self, request, form):
         return ask_first(
@@ -305,7 +282,11 @@ class ReplayJobAdmin(OwnedAdmin):
         initial = {k: v for k, v in initial.items() if v}
         target = parse_id(initial.get("target"))
         if target and "webhook" not in initial:
-            webhook = Target.objects.filter(pk=target).values_list("webhook", flat=True)
+            webhook = (
+                Target.objects.visible_to(request.user)
+                .filter(pk=target)
+                .values_list("webhook", flat=True)
+            )
             initial["webhook"] = webhook.first()
         return initial
 

@@ -149,10 +149,7 @@ class ReplayViewSet(ReadOnlyViewSet):
         criteria = asked.validated_data["criteria"]
         if asked.validated_data["dry_run"]:
             return Response({"matched": criteria.count()})
-        try:
-            job = replays.start(criteria, request.user)
-        except DjangoValidationError as exc:  # a target deactivated since it was checked
-            raise serializers.ValidationError(exc.message_dict) from None
+        job = replays.start(criteria, request.user)  # checked by the request's validate()
         return Response(ReplayJobSerializer(job).data, status=201)
 
     cancel = replay_control(

@@ -92,9 +92,9 @@ class TargetCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._states: dict[int, TargetState] = {}
+        # When the last check whose rows are in place began (set once they are:
+        # an attempt that finds it recent must find those rows).
         self._checked = float("-inf")
-        # When the last check whose rows are in place began.
-        self._fresh_as_of = float("-inf")
 
     def get(self, target_id: int) -> TargetState | None:
         """The target as last read; None once it was deleted (or never loaded).
@@ -122,16 +122,15 @@ class TargetCache:
 
         Returns (changed, deleted): a list of (old, new) states and a list of
         (old state) of targets that no longer exist. At most every REFRESH seconds
-        unless forced.
+        unless forced. The engine runs one at a time (Engine.refresh_targets).
         """
         now = self._clock()
         if not force and now - self._checked < self.REFRESH:
             return [], []
-        self._checked = now
         with self._lock:
             known = {t: s.updated_at for t, s in self._states.items()}
         if not known:
-            self._fresh_as_of = max(self._fresh_as_of, now)
+            self._checked = now
             return [], []
         ids = list(known)
         current = {}
@@ -149,12 +148,12 @@ class TargetCache:
                 elif target_id in fresh and old is not None:
                     self._states[target_id] = fresh[target_id]
                     changed.append((old, fresh[target_id]))
-            self._fresh_as_of = max(self._fresh_as_of, now)
+            self._checked = now
         return changed, deleted
 
     def stale(self) -> bool:
         """Whether the rows in place come from a check begun over FRESH seconds ago."""
-        return self._clock() - self._fresh_as_of > self.FRESH
+        return self._clock() - self._checked > self.FRESH
 
     def set_failing_since(self, target_id: int, since) -> None:
         """The engine wrote failing_since itself (an update that leaves updated_at,

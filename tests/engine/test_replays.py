@@ -150,7 +150,7 @@ def test_cancel_sends_nothing_more_and_counts_what_was_on_its_way(webhook, make_
     replays.step({0}, 1, window=40)
     job.refresh_from_db()
     assert (job.state, job.matched, job.queued, job.delivered) == ("cancelled", 500, 40, 40)
-    assert job.on_its_way == 0 and job.is_over()
+    assert job.queued == job.delivered and job.is_over()
     assert not ReplayItem.objects.exists()
     assert not replays.step({0}, 1, window=40)  # nothing left to look at
 
@@ -273,7 +273,7 @@ def test_an_inactive_target_is_left_out_and_one_deactivated_mid_job_is_skipped(
     Target.objects.filter(pk=b.pk).update(active=False)
     run_steps(job, window=30)
     assert (job.state, job.matched, job.queued, job.skipped) == ("done", 200, 130, 70)
-    assert job.is_over() and job.on_its_way == 0
+    assert job.is_over() and job.queued == job.delivered + job.failed + job.filtered
 
 
 def test_a_paused_targets_items_wait_and_a_cancel_is_over_without_them(webhook, make_target):
