@@ -12,10 +12,10 @@ from celery import Celery  # noqa: E402
 
 from deliveries.engine.attempts import attempt  # noqa: E402
 from deliveries.engine.claims import load_tasks, read_body  # noqa: E402
-from deliveries.engine.targetcache import TargetCache  # noqa: E402
+from deliveries.engine.targets import Targets  # noqa: E402
 from deliveries.engine.writer import write_results  # noqa: E402
 
-targets = TargetCache()
+targets = Targets()
 app = Celery("bench", broker=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/15"))
 app.conf.update(
     task_ignore_result=True,
@@ -31,5 +31,5 @@ def deliver(delivery_id):
     if task is None:
         return
     targets.load([task.target_id])  # as the engine does: the target as it is now
-    task.target = targets.get(task.target_id)
+    task.target = targets.get(task.target_id).row
     write_results([attempt(task, read_body(task), base=1, cap=1)])

@@ -267,7 +267,7 @@ class Target(Audited, models.Model):
         "Type", [(type_.upper(), (type_, label)) for type_, label in targets.choices()]
     )
     # An engine never attempts with a target row it checked longer ago than this
-    # (engine/targetcache.py); so a change committed this long ago (and a margin)
+    # (engine/targets.py); so a change committed this long ago (and a margin)
     # is in every attempt begun since. A rotation answers only then.
     ENGINE_FRESHNESS = 0.5
     ROTATION_SEEN_AFTER = ENGINE_FRESHNESS + 0.25

@@ -85,36 +85,3 @@ class CircuitBreaker:
     @property
     def is_open(self) -> bool:
         return self.state != self.CLOSED
-
-
-class Breakers:
-    """One breaker per target id, made on first use."""
-
-    def __init__(self, **options):
-        self._options = options
-        self._lock = threading.Lock()
-        self._by_target: dict[int, CircuitBreaker] = {}
-
-    def get(self, target_id: int) -> CircuitBreaker:
-        with self._lock:
-            breaker = self._by_target.get(target_id)
-            if breaker is None:
-                breaker = self._by_target[target_id] = CircuitBreaker(**self._options)
-            return breaker
-
-    def open_count(self) -> int:
-        with self._lock:
-            return sum(1 for b in self._by_target.values() if b.is_open)
-
-    def not_closed(self) -> dict[int, CircuitBreaker]:
-        with self._lock:
-            return {t: b for t, b in self._by_target.items() if b.is_open}
-
-    def forget_where(self, predicate) -> None:
-        with self._lock:
-            self._by_target = {t: b for t, b in self._by_target.items() if not predicate(t)}
-
-    def forget(self, target_id: int) -> None:
-        """The target changed (re-pointed, paused, deleted): a fresh breaker next time."""
-        with self._lock:
-            self._by_target.pop(target_id, None)

@@ -9,8 +9,6 @@ last reference goes (invariant 4), a read that starts after a successful claim s
 that result, and the claim is dropped instead of sending the delivery twice.
 """
 
-import threading
-
 from django.db.models import BinaryField, Case, F, Value, When
 
 from deliveries.engine.task import INLINE_BODY_LIMIT, Task
@@ -22,13 +20,9 @@ LOAD_CHUNK = 500
 
 
 class Claimer:
-    def __init__(self, *, inflight, gate, overflow, targets, lanes, partitions):
+    def __init__(self, *, inflight, targets, partitions):
         self.inflight = inflight
-        self.gate = gate
-        # target id -> lowest delivery id skipped because the target was full
-        self.overflow = overflow
-        self.targets = targets  # targetcache.TargetCache
-        self.lanes = lanes  # ordered.OrderedLanes
+        self.targets = targets  # targets.Targets: rows, gates, overflow, lanes
         self.partitions = partitions  # partitions.Partitions
 
     def claim(self, rows, limit: int | None = None, *, head: bool = False) -> list[Task]:
@@ -37,7 +31,7 @@ class Claimer:
 
         Rows of a held target (paused, inactive) are left in the database: they are
         read again when it is resumed. Rows of an ordered target are left for its
-        lane (ordered.py), unless `head` says they are its head. Rows of
+        lane (targets.py), unless `head` says they are its head. Rows of
         partitions this engine may not claim in are another engine's (or nobody's
         until one takes them).
         """
@@ -55,17 +49,17 @@ class Claimer:
                 break
             if status not in Delivery.UNFINISHED:
                 continue
-            state = self.targets.get(target_id)
-            if state is None or state.held:
+            target = self.targets.get(target_id)
+            if target is None or target.row.held:
                 continue
-            if state.ordered and not head:
-                self.lanes.note(target_id)
+            if target.row.ordered and not head:
+                self.targets.note_lane(target_id)
                 continue
             if not self.inflight.retain_idle(delivery_id):
                 continue
-            if not self.gate.admit(target_id, cap):
+            if not target.hold(cap):
                 self.inflight.release(delivery_id)
-                self.overflow.note(target_id, delivery_id)
+                self.targets.note_overflow(target_id, delivery_id)
                 continue
             claimed[delivery_id] = target_id
         if not claimed:
@@ -74,7 +68,7 @@ class Claimer:
             tasks = load_tasks(list(claimed))
         except BaseException:
             for delivery_id, target_id in claimed.items():
-                self.gate.discharge(target_id)
+                self.targets.discharge(target_id)
                 self.inflight.release(delivery_id)
             raise
         for task in tasks:
@@ -83,12 +77,12 @@ class Claimer:
             if partition in epochs:
                 task.fence = (partition, epochs[partition])
         for delivery_id, target_id in claimed.items():  # finished meanwhile
-            self.gate.discharge(target_id)
+            self.targets.discharge(target_id)
             self.inflight.release(delivery_id)
         return tasks
 
     def release(self, task) -> None:
-        self.gate.discharge(task.target_id)
+        self.targets.discharge(task.target_id)
         self.inflight.release(task.delivery_id)
 
 
@@ -150,45 +144,3 @@ def read_body(task: Task) -> bytes:
         return task.body
     body = Event.objects.filter(id=task.event_id).values_list("body", flat=True).first()
     return bytes(body) if body is not None else b""
-
-
-class Overflow:
-    """Targets whose deliveries were left in the database because they were full."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._from: dict[int, int] = {}
-
-    def note(self, target_id: int, delivery_id: int) -> None:
-        with self._lock:
-            current = self._from.get(target_id)
-            if current is None or delivery_id < current:
-                self._from[target_id] = delivery_id
-
-    def items(self) -> list[tuple[int, int]]:
-        with self._lock:
-            return list(self._from.items())
-
-    def advance(self, target_id: int, used_from: int, last_id: int | None) -> None:
-        """The drain read from `used_from` up to `last_id` (None: nothing was left).
-
-        A lower id noted meanwhile by another claimant wins over the advance.
-        """
-        with self._lock:
-            current = self._from.get(target_id)
-            if current is not None and current < used_from:
-                return
-            if last_id is None:
-                self._from.pop(target_id, None)
-            else:
-                self._from[target_id] = last_id + 1
-
-    def forget(self, predicate) -> None:
-        """Drop the targets `predicate(target_id)` accepts (another engine's now)."""
-        with self._lock:
-            for target_id in [t for t in self._from if predicate(t)]:
-                del self._from[target_id]
-
-    def __contains__(self, target_id) -> bool:
-        with self._lock:
-            return target_id in self._from

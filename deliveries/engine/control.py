@@ -28,7 +28,7 @@ logger = logging.getLogger("deliveries.engine")
 
 class TargetControl:
     def __init__(self, *, targets, disable_after: float, alert_breaker_after: float):
-        self.targets = targets  # targetcache.TargetCache
+        self.targets = targets  # targets.Targets
         self.disable_after = datetime.timedelta(seconds=disable_after)
         self.alert_breaker_after = alert_breaker_after
         self._alerts = queue.SimpleQueue()
@@ -105,7 +105,7 @@ class TargetControl:
         if clock_now - self._certificates_checked < self.CERTIFICATE_CHECK:
             return
         self._certificates_checked = clock_now
-        for state in self.targets.states():
+        for state in self.targets.rows():
             warning = egress.expiry_warning(state.config) if state.type == "http" else ""
             last = self._certificate_alerted.get(state.id)
             if not warning or (last is not None and clock_now - last < self.CERTIFICATE_REMINDER):

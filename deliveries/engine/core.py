@@ -6,7 +6,8 @@ claim ──▶ attempt ──▶ finish ──▶ schedule (a retry) or release
   through the inflight set (claims.Claimer), then `dispatch` puts each on the
   channel, or on the retry scheduler when its backoff is not over.
 * attempt: `process` takes a task through the target's concurrency gate and
-  `attempt` sends it (attempts.attempt), behind the target's circuit breaker.
+  `attempt` sends it (attempts.attempt) once the target admits it (its circuit
+  breaker and rate limit: targets.EngineTarget.admit).
 * finish: the result goes to the writer; once it is committed, `written` either
   schedules the next attempt or releases the task (invariant 4).
 
@@ -27,21 +28,27 @@ from django.utils import timezone
 from deliveries import metrics, tracing, transforms
 from deliveries.engine import attempts
 from deliveries.engine.attempts import AttemptResult
-from deliveries.engine.breaker import Breakers, CircuitBreaker
+from deliveries.engine.breaker import CircuitBreaker
 from deliveries.engine.channel import Channel
-from deliveries.engine.claims import Claimer, Overflow, read_body
+from deliveries.engine.claims import Claimer, read_body
 from deliveries.engine.config import EngineConfig
 from deliveries.engine.control import TargetControl
-from deliveries.engine.gate import TargetGate
 from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
-from deliveries.engine.ordered import OrderedLanes
 from deliveries.engine.partitions import Partitions
-from deliveries.engine.ratelimit import RateLimits
 from deliveries.engine.recovery import recover
 from deliveries.engine.scheduler import RetryScheduler
 from deliveries.engine.sender import Sender
-from deliveries.engine.targetcache import TargetCache, TargetState
+from deliveries.engine.targets import (
+    GONE,
+    HELD,
+    REORDERED,
+    REPOINTED,
+    RESUMED,
+    EngineTarget,
+    Targets,
+    give_back_probe,
+)
 from deliveries.engine.task import Task
 from deliveries.engine.writer import NotBefore, ResultWriter, Written
 from deliveries.filters import matches
@@ -77,24 +84,16 @@ class Engine:
 
         self.inflight = InflightSet()
         self.channel = Channel(config.channel_size)
-        self.gate = TargetGate(concurrency=config.target_concurrency)
-        self.overflow = Overflow()
-        self.targets = TargetCache(clock=clock)
-        # One check of the targets at a time: two crossing could put back the
-        # older row of a target changed between their reads.
-        self._refreshing = threading.RLock()
-        self.lanes = OrderedLanes()
+        # Each target's row, gate, overflow, lane, breaker and rate limit (targets.py).
+        self.targets = Targets(
+            clock=clock,
+            concurrency=config.target_concurrency,
+            breaker_cooldown=config.breaker_cooldown,
+        )
         self.claimer = Claimer(
-            inflight=self.inflight,
-            gate=self.gate,
-            overflow=self.overflow,
-            targets=self.targets,
-            lanes=self.lanes,
-            partitions=self.partitions,
+            inflight=self.inflight, targets=self.targets, partitions=self.partitions
         )
         self.scheduler = RetryScheduler(channel=self.channel, inflight=self.inflight, clock=clock)
-        self.breakers = Breakers(clock=clock, cooldown=config.breaker_cooldown)
-        self.limits = RateLimits()
         self.control = TargetControl(
             targets=self.targets,
             disable_after=config.disable_after,
@@ -148,52 +147,36 @@ class Engine:
 
     def current_targets(self) -> None:
         """Check the targets' rows now if the last check began over FRESH seconds
-        ago (TargetCache.stale): an attempt never uses an older row than that."""
+        ago (Targets.stale): an attempt never uses an older row than that."""
         if self.targets.stale():
-            with self._refreshing:
-                if self.targets.stale():  # not checked meanwhile by another worker
-                    self.refresh_targets(force=True)
+            self.refresh_targets(if_stale=True)
 
-    def refresh_targets(self, *, force: bool = False) -> None:
-        """Apply what changed in the targets' rows (targetcache.TargetCache.refresh)."""
-        with self._refreshing:
-            changed, deleted = self.targets.refresh(force=force)
-        for old in deleted:
-            self._let_go(old.id)  # its rows are gone with it
-        for old, new in changed:
-            if new.held and not old.held:
-                self._let_go(new.id)  # paused or deactivated: its rows wait in the database
-            elif old.held and not new.held:
-                self._take_up(new)
-            else:
-                if (old.type, old.config) != (new.type, new.config):
-                    # Re-pointed: what the old receiver did says nothing of the new one.
-                    self.breakers.forget(new.id)
-                    self._send_deferred(new.id)
-                if old.rate_limit != new.rate_limit:
-                    self.limits.forget(new.id)
-                if old.ordered != new.ordered:
-                    self._let_go(new.id)
-                    self._take_up(new)
+    def refresh_targets(self, *, force: bool = False, if_stale: bool = False) -> None:
+        """Act on what changed in the targets' rows (targets.Targets.refresh)."""
+        for target, what in self.targets.refresh(force=force, if_stale=if_stale):
+            if what in (GONE, HELD, REORDERED):
+                # Deleted (its rows went with it), paused or deactivated (its rows
+                # wait in the database), or its order changed (read again below).
+                self._let_go(target)
+            if what in (RESUMED, REORDERED):
+                self._take_up(target)
+            if what == REPOINTED:
+                self._send_deferred(target.id)  # a fresh breaker: no reason to wait
 
-    def _let_go(self, target_id: int) -> None:
+    def _let_go(self, target: EngineTarget) -> None:
         """Drop the target's waiting tasks from memory; attempts running finish."""
-        for task in self.scheduler.take(lambda t: t.target_id == target_id):
+        waiting = self.scheduler.take(lambda t: t.target_id == target.id)
+        for task in waiting + target.forget():
             self.release(task)
-        for task in self.gate.drain_parked(target_id):
-            self.release(task)
-        self.breakers.forget(target_id)
-        self.limits.forget(target_id)
-        self.lanes.forget(target_id)
 
-    def _take_up(self, state: TargetState) -> None:
+    def _take_up(self, target: EngineTarget) -> None:
         """Read the target's unfinished deliveries again, from the oldest."""
-        if not self.partitions.may_claim(state.id):
+        if not self.partitions.may_claim(target.id):
             return  # another engine's
-        if state.ordered:
-            self.lanes.note(state.id)
+        if target.row.ordered:
+            self.targets.note_lane(target.id)
         else:
-            self.overflow.note(state.id, 0)
+            self.targets.note_overflow(target.id, 0)
         self.wake_event.set()
 
     def hurry(self, delivery_ids) -> None:
@@ -218,13 +201,6 @@ class Engine:
             task.deferred = False
             self.channel.put(task)
 
-    def forget_targets(self, which) -> None:
-        """Per-target state of targets another engine may own now (handover.py)."""
-        self.overflow.forget(which)
-        self.breakers.forget_where(which)
-        self.lanes.forget_where(which)
-        self.limits.forget_where(which)
-
     def dispatch(self, task: Task) -> None:
         """Send a freshly claimed task on its way: now, or at its retry time."""
         if task.status == Delivery.Status.RETRYING and task.next_attempt_at is not None:
@@ -247,7 +223,7 @@ class Engine:
         """Attempt the task, and then its target's parked tasks while any wait.
         True when an attempt went on in flight (sender.py): its completion then
         leaves the target's gate, and the room the worker reserved is its."""
-        if not self.gate.enter(task):
+        if not self.targets.enter(task):
             return False  # parked: the target has its share of attempts running
         while task is not None:
             try:
@@ -260,9 +236,9 @@ class Engine:
                 # slot or an ownership reference: the row keeps its status and
                 # recovery takes it again.
                 logger.exception("delivery %s: unexpected error", task.delivery_id)
-                self._give_back_probe(task)
+                give_back_probe(task)
                 self.release(task)
-            task = self.gate.leave(task.target_id)
+            task = self.targets.leave(task.target_id)
         return False
 
     def attempt(self, task: Task) -> bool:
@@ -285,13 +261,13 @@ class Engine:
         except DatabaseError:
             self._database_trouble(task)
             return False
-        state = self.targets.get(task.target_id)
-        if state is None or state.held:
+        target = self.targets.get(task.target_id)
+        if target is None or target.row.held:
             # Deleted (its rows went with it), or paused or inactive (its rows wait
             # in the database, and are read again when it is resumed).
             self.release(task)
             return False
-        task.target = state
+        task.target = state = target.row
         if state.unreadable:
             self.finish(
                 attempts.unreadable(
@@ -330,33 +306,19 @@ class Engine:
             # partitions thread drops it with everything else.
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return False
-        breaker = self.breakers.get(task.target_id) if state.retries else None
-        if breaker is not None:
-            retry_at, task.probing = breaker.admit()
-            if retry_at is not None:
-                # Deferred, not attempted: ownership kept, attempt not counted.
-                task.deferred = True
-                self.schedule(task, retry_at)
-                return False
-        task.deferred = False
-        if state.rate_limit > 0 and not task.slotted:
-            now = self.clock()
-            slot = self.limits.reserve(task.target_id, state.rate_limit, now)
-            if slot > now:
-                task.slotted = True  # its slot is reserved: attempted when it comes
-                self._give_back_probe(task)
-                self.schedule(task, slot)
-                return False
-        task.slotted = False
+        come_back = target.admit(task, self.clock())
+        if come_back is not None:  # its breaker, or its rate limit, says later
+            self.schedule(task, come_back)
+            return False
         try:
             body = read_body(task) if body is None else body
         except DatabaseError:
-            self._give_back_probe(task)
+            give_back_probe(task)
             self._database_trouble(task)
             return False
         if not self.partitions.may_attempt(task.target_id):
             # It ran out while the body was read: checked again just before sending.
-            self._give_back_probe(task)
+            give_back_probe(task)
             self.schedule(task, self.clock() + self.LEASE_WAIT)
             return False
         # Its span (tracing.py), from here to the result: the receiver is told it.
@@ -367,12 +329,12 @@ class Engine:
             # process frozen) past the lease sends nothing that waited on it.
             req.may_send = lambda: self.partitions.may_attempt(task.target_id)
             start = time.monotonic()
-            self.sender.send(req, lambda outcome: self.completed(task, breaker, outcome, start))
+            self.sender.send(req, lambda outcome: self.completed(task, outcome, start))
             return True
         result = attempts.attempt(
             task, body, base=self.config.backoff_base, cap=self.config.backoff_cap, sent=sent
         )
-        self.attempted(task, breaker, result)
+        self.attempted(task, result)
         return False
 
     def transform(self, task: Task, body: bytes) -> bool:
@@ -407,12 +369,12 @@ class Engine:
                 return  # the HTTP attempt in flight holds the room and the slot now
         except Exception:
             logger.exception("delivery %s: unexpected error", task.delivery_id)
-            self._give_back_probe(task)
+            give_back_probe(task)
             self.release(task)
         finally:
             self.sender.untrack(key)
         self.sender.unreserve()
-        following = self.gate.vacate(task.target_id)
+        following = self.targets.vacate(task.target_id)
         if following is not None:
             self.channel.put(following)
 
@@ -428,30 +390,30 @@ class Engine:
         task.shaped = shaped
         return self.attempt(task)
 
-    def completed(self, task: Task, breaker, outcome, start: float) -> None:
+    def completed(self, task: Task, outcome, start: float) -> None:
         """An attempt in flight came back (on the sender's completer thread): its
         result, then its slot of the target's gate. The target's next parked task
         goes back to the workers, who take the slot for it."""
         try:
             if outcome.held_back:  # the lease ran out before the loop sent it
-                self._give_back_probe(task)
+                give_back_probe(task)
                 self.schedule(task, self.clock() + self.LEASE_WAIT)
             else:
                 result = attempts.conclude(
                     task, outcome, start, base=self.config.backoff_base, cap=self.config.backoff_cap
                 )
-                self.attempted(task, breaker, result)
+                self.attempted(task, result)
         except Exception:
             logger.exception("delivery %s: unexpected error", task.delivery_id)
-            self._give_back_probe(task)
+            give_back_probe(task)
             self.release(task)
-        following = self.gate.vacate(task.target_id)
+        following = self.targets.vacate(task.target_id)
         if following is not None:
             self.channel.put(following)
 
-    def attempted(self, task: Task, breaker, result: AttemptResult) -> None:
+    def attempted(self, task: Task, result: AttemptResult) -> None:
         """What an attempt made tells its target's breaker; the result to the writer."""
-        task.probing = False  # recorded just below
+        task.probing, breaker = False, task.breaker  # recorded just below
         if breaker is not None:
             change = breaker.record(result.outcome.success)
             if change == CircuitBreaker.CLOSED:
@@ -467,13 +429,6 @@ class Engine:
                     task.deferred = True
         metrics.attempt_made(task.target.type, result.status, result.duration_ms)
         self.finish(result)
-
-    def _give_back_probe(self, task: Task) -> None:
-        """The task holds its breaker's probe and is not sent now: the next attempt
-        probes instead (never the task that is not sending it)."""
-        if task.probing:
-            task.probing = False
-            self.breakers.get(task.target_id).abandon()
 
     def _database_trouble(self, task: Task) -> None:
         # The engine's trouble, not the target's: no attempt is made or counted.
@@ -497,7 +452,7 @@ class Engine:
         """Raise the alerts that are due (breakers open too long, targets that
         paused themselves, client certificates near their end) and send them;
         return how many went out."""
-        self.control.breakers_open(self.breakers.not_closed(), self.clock())
+        self.control.breakers_open(self.targets.not_closed(), self.clock())
         self.control.certificates_expiring(self.clock())
         return self.control.send_alerts()
 
@@ -514,7 +469,7 @@ class Engine:
                 "since": at(breaker.open_since) if breaker.open_since is not None else None,
                 "until": at(breaker.opened_until),
             }
-            for target_id, breaker in self.breakers.not_closed().items()
+            for target_id, breaker in self.targets.not_closed().items()
         }
 
     # --- finish ------------------------------------------------------------------
@@ -541,7 +496,7 @@ class Engine:
         if task is None:
             return False
         return bool(task.target is not None and task.target.ordered) or (
-            task.target_id in self.overflow
+            self.targets.overflowing(task.target_id)
         )
 
     def written(self, result: AttemptResult, written: Written) -> None:
@@ -617,15 +572,15 @@ class Engine:
             # Not read again (the channel full, or the database failing): a pending
             # row is drained with its target's overflow, a retrying one found by the
             # recovery tick.
-            self.overflow.note(task.target_id, task.delivery_id)
+            self.targets.note_overflow(task.target_id, task.delivery_id)
             self.wake_event.set()
 
     def release(self, task: Task, *, next_head: bool = False) -> None:
         """The engine is done with the task in memory. With `next_head` (its result
         just committed), an ordered target's next head is claimed here and now."""
-        overflowed = task.target_id in self.overflow
+        overflowed = self.targets.overflowing(task.target_id)
         self.claimer.release(task)
-        head = self.lanes.done(task.target_id, task.delivery_id)
+        head = self.targets.head_done(task.target_id, task.delivery_id)
         if head and next_head and self._next_head(task.target_id):
             head = False  # no intake pass needed for it
         if overflowed or head:

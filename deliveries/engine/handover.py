@@ -34,9 +34,10 @@ class Handover:
             backlog = in_partitions(
                 Delivery.objects.filter(status=Delivery.Status.PENDING), taken, count
             )
-            targets = backlog.order_by().values_list("target_id", flat=True).distinct()
+            targets = list(backlog.order_by().values_list("target_id", flat=True).distinct())
+            engine.targets.load(targets)
             for target_id in targets:
-                engine.overflow.note(target_id, 0)
+                engine.targets.note_overflow(target_id, 0)
             engine.wake_event.set()
         return dispatched
 
@@ -60,11 +61,10 @@ class Handover:
         # only its result, written here, keeps the next owner from sending it again.
         waiting = engine.scheduler.take(lambda t: ours(t.target_id) and t.unwritten is None)
         waiting += engine.channel.take(lambda t: ours(t.target_id) and t.unwritten is None)
-        waiting += engine.gate.drain_parked(where=ours)
+        waiting += engine.targets.forget_where(ours)
         for task in waiting:
             engine.release(task)  # rows keep their status; retrying ones their time
-        engine.forget_targets(ours)
-        held = {target_id % count for target_id in engine.gate.held_targets()}
+        held = {target_id % count for target_id in engine.targets.held_targets()}
         return sorted(draining - held)
 
     def let_go(self, partitions) -> None:
@@ -80,7 +80,6 @@ class Handover:
         engine = self.engine
         was = self.partitions.drop_all()  # first: no claim, no attempt from here on
         waiting = engine.scheduler.take(lambda t: True) + engine.channel.drain()
-        for task in waiting + engine.gate.drain_parked():
+        for task in waiting + engine.targets.forget_where(lambda target_id: True):
             engine.release(task)
-        engine.forget_targets(lambda target_id: True)
         return was

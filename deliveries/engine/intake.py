@@ -187,7 +187,7 @@ class Intake:
     def _heads(self, room) -> int:
         """The next delivery of each ordered target with none in flight."""
         dispatched = 0
-        for target_id in self.claimer.lanes.waiting():
+        for target_id in self.claimer.targets.waiting_lanes():
             if dispatched >= room:
                 self.more = True
                 break
@@ -198,16 +198,17 @@ class Intake:
         """Claim and dispatch the ordered target's next delivery; return 1 if there
         was one. Also called as soon as the previous head's result commits
         (Engine.written), so a lane waits for no intake pass."""
-        lanes, state = self.claimer.lanes, self.claimer.targets.get(target_id)
+        targets = self.claimer.targets
+        target = targets.get(target_id)
         if (
-            state is None
-            or state.held
-            or not state.ordered
+            target is None
+            or target.row.held
+            or not target.row.ordered
             or not self.claimer.partitions.may_claim(target_id)
         ):
-            lanes.forget(target_id)  # taken up again when resumed or made ordered
+            targets.rest_lane(target_id)  # taken up again when resumed or made ordered
             return 0
-        if not lanes.begin(target_id):
+        if not targets.begin_head(target_id):
             return 0  # its head is in flight, or another thread is reading it
         try:
             head = list(
@@ -217,15 +218,15 @@ class Intake:
                 .values_list(*CANDIDATE_FIELDS)[:1]
             )
             if not head:
-                lanes.forget(target_id)  # noted again when a delivery comes
+                targets.rest_lane(target_id)  # noted again when a delivery comes
                 return 0
             for task in self.claimer.claim(head, head=True):
-                lanes.start(target_id, task.delivery_id)
+                targets.start_head(target_id, task.delivery_id)
                 self.dispatch(task)
                 return 1
             return 0
         finally:
-            lanes.end(target_id)  # a no-op once start() made it the head
+            targets.end_head(target_id)  # a no-op once start_head() made it the head
 
     def _from_gaps(self, room):
         self.gaps.expire(self.clock() - self.GAP_TTL)
@@ -297,8 +298,8 @@ class Intake:
 
     def _overflowed(self, room):
         rows, advances = [], []
-        gate = self.claimer.gate
-        for target_id, from_id in self.claimer.overflow.items():
+        targets = self.claimer.targets
+        for target_id, from_id in targets.overflowed():
             if room <= 0:
                 break
             batch = list(
@@ -310,7 +311,7 @@ class Intake:
             if not batch:
                 advances.append((target_id, from_id, None))
                 continue
-            free = batch[0][3] - gate.held(target_id)
+            free = batch[0][3] - targets.held(target_id)
             if free <= 0:
                 continue
             exhausted = len(batch) < room and len(batch) <= free
@@ -321,7 +322,7 @@ class Intake:
 
         def commit(tasks):
             for advance in advances:
-                self.claimer.overflow.advance(*advance)
+                targets.advance_overflow(*advance)
 
         return rows, commit
 

@@ -334,7 +334,7 @@ class Runner:
         # Every running attempt has handed its result over: write them all.
         self.writer_stop.set()
         self._join("writer", timeout)
-        for task in engine.channel.drain() + engine.gate.drain_parked():
+        for task in engine.channel.drain() + engine.targets.drain_parked():
             engine.release(task)  # never attempted: still `pending` in the database
         self._join("scheduler", 1)
         for group in ("heartbeat", "alerts", "housekeeping", "replays"):
@@ -372,7 +372,7 @@ class Runner:
             "busy_workers": self.workers.busy(),
             "attempts_in_flight": engine.sender.in_flight(),
             "workers": engine.config.workers,
-            "open_breakers": engine.breakers.open_count(),
+            "open_breakers": len(engine.targets.not_closed()),
             "breakers": engine.breaker_states(),
             "partitions": engine.partitions.listing(),
         }

@@ -36,7 +36,7 @@ class Task:
     # An attempt whose result could not be written yet (attempts.AttemptResult);
     # the next turn writes it instead of attempting again.
     unwritten: object | None = field(default=None, repr=False)
-    # The target as it is in the database for this attempt (targetcache.TargetState),
+    # The target as it is in the database for this attempt (targets.TargetState),
     # set by the engine just before each attempt: never kept from an earlier one.
     target: object | None = field(default=None, repr=False)
     # As received by the inbound view, without the "?" (http targets forward it).
@@ -48,6 +48,9 @@ class Task:
     slotted: bool = False
     # Holds its target's half-open breaker probe: it is sent next, or given back.
     probing: bool = False
+    # The breaker its attempt answers to (targets.EngineTarget.admit); None for a
+    # target that does not retry.
+    breaker: object | None = field(default=None, repr=False)
     # (partition, epoch) when it was claimed: its result is written only while that
     # epoch is the partition's current one (writer.py). None: nothing to fence
     # (SQLite's one engine, or an engine driven without a partition manager).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from deliveries import transforms
 from deliveries.engine.attempts import FILTERS_DID_NOT_MATCH
-from deliveries.engine.targetcache import FIELDS, TargetState
+from deliveries.engine.targets import FIELDS, TargetState
 from deliveries.engine.task import Task
 from deliveries.filters import matches
 from deliveries.targets import TARGET_TYPES

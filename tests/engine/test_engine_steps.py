@@ -241,8 +241,8 @@ def test_a_full_target_waits_in_the_database(entrypoint, make_target, sink):
     engine = started_engine()
     store(entrypoint, n=5)
     assert engine.intake_once() == 7  # 2 of small, 5 of other
-    assert engine.gate.held(small.id) == 2
-    assert engine.gate.held(other.id) == 5
+    assert engine.targets.held(small.id) == 2
+    assert engine.targets.held(other.id) == 5
     pump(engine, lambda: not Delivery.objects.unfinished().exists())
     assert len(sink.requests("/small")) == 5
     assert engine.inflight.held() == 0
@@ -386,7 +386,7 @@ def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink)
         clock[0] += 0.01
         engine.scheduler.release_due()
     assert Delivery.objects.get().attempts == 5
-    assert engine.breakers.open_count() == 1
+    assert len(engine.targets.not_closed()) == 1
     engine.process_one()  # deferred by the open breaker
     assert Delivery.objects.get().attempts == 5
     assert len(sink.requests("/dead")) == 5
@@ -397,7 +397,7 @@ def test_breaker_defers_without_counting_attempts(entrypoint, make_target, sink)
     engine.scheduler.release_due()
     engine.process_one()  # the probe
     assert Delivery.objects.get().status == "delivered"
-    assert engine.breakers.open_count() == 0
+    assert engine.targets.not_closed() == {}
 
 
 @pytest.mark.parametrize("type_", [Target.Type.DATABASE, Target.Type.LOG])
@@ -708,14 +708,16 @@ def test_a_result_something_waits_for_is_written_at_once():
     assert w.batches == [[plain, ordered], [alone]]
 
 
-def test_the_engine_awaits_results_of_ordered_and_of_full_targets():
+def test_the_engine_awaits_results_of_ordered_and_of_full_targets(make_target):
     """Their next delivery is claimed only once this one is released, after its
     write: an ordered target's next head, a target at max_queue_size's next row."""
     from deliveries.engine.writer import NotBefore
 
     engine = make_engine()
-    assert not engine.awaited(result(1, target_id=7))
-    assert engine.awaited(result(1, target_id=7, ordered=True))
-    engine.overflow.note(7, 100)
-    assert engine.awaited(result(1, target_id=7))
-    assert not engine.awaited(NotBefore(target_id=7, at=timezone.now()))
+    full = make_target().pk
+    engine.targets.load([full])
+    assert not engine.awaited(result(1, target_id=full))
+    assert engine.awaited(result(1, target_id=full, ordered=True))
+    engine.targets.note_overflow(full, 100)
+    assert engine.awaited(result(1, target_id=full))
+    assert not engine.awaited(NotBefore(target_id=full, at=timezone.now()))

@@ -222,7 +222,7 @@ def test_an_attempt_held_back_by_its_lease_leaves_the_breakers_probe_for_later(
     engine.recover_once(at_start=True)
     store(entrypoint)
     engine.intake_once()
-    breaker = engine.breakers.get(target.pk)
+    breaker = engine.targets.get(target.pk).circuit_breaker()
     breaker.state, breaker.opened_until = breaker.OPEN, 0.0  # the next attempt probes
 
     clock.now += 2.5  # the lease ran out

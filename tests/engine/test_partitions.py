@@ -93,7 +93,7 @@ def test_a_taken_partitions_backlog_past_the_channels_room_is_read_later(
     store(entrypoint, n=6)
     pump(engine, until=lambda: statuses(a) == ["delivered"] * 6)
     assert Handover(engine).take({b.pk % 2: None}) == 2  # the channel's room
-    assert b.pk in engine.overflow
+    assert engine.targets.overflowing(b.pk)
     pump(engine, until=lambda: statuses(b) == ["delivered"] * 6)
     assert len(sink.requests("/b")) == 6 and engine.inflight.held() == 0
 

@@ -111,7 +111,7 @@ def open_breaker(entrypoint, make_target, sink, clock, n=8):
 def test_a_probe_that_succeeds_sends_the_waiting_deliveries_at_once(entrypoint, make_target, sink):
     clock = FakeClock()
     engine = open_breaker(entrypoint, make_target, sink, clock)
-    assert engine.breakers.open_count() == 1
+    assert len(engine.targets.not_closed()) == 1
     waiting = engine.scheduler.pending()
     assert waiting == 8
     sink.always("/down", 200)
@@ -170,7 +170,7 @@ def test_an_ordered_target_never_has_two_heads_in_flight(entrypoint, make_target
     target_id = first.target_id
     assert engine.intake.head(target_id) == 0
     assert engine.inflight.held() == 1
-    assert engine.lanes.waiting() == []
+    assert engine.targets.waiting_lanes() == []
 
 
 def test_ordered_head_that_finally_fails_pauses_the_target(entrypoint, make_target, sink):
@@ -481,7 +481,7 @@ def test_a_probe_that_must_wait_for_its_rate_limit_slot_is_given_back(
     engine.intake_once()
     engine.process_one()  # the first: sent, the next slot reserved a second on
     assert len(sink.requests("/r")) == 1
-    breaker = engine.breakers.get(target.pk)
+    breaker = engine.targets.get(target.pk).circuit_breaker()
     breaker.state, breaker.opened_until = breaker.OPEN, clock.now  # cooldown over
     engine.process_one()  # takes the probe, then must wait for its slot
     assert len(sink.requests("/r")) == 1

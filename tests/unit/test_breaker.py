@@ -1,5 +1,5 @@
 from deliveries.engine.backoff import backoff_delay, retry_delay
-from deliveries.engine.breaker import Breakers, CircuitBreaker
+from deliveries.engine.breaker import CircuitBreaker
 from tests.support.clock import FakeClock
 
 
@@ -51,16 +51,6 @@ def test_failed_probe_reopens_for_a_full_cooldown():
     b.record(False)
     assert b.state == b.OPEN
     assert b.allow() == clock.now + 30
-
-
-def test_breakers_are_per_target_and_count_open_ones():
-    clock = FakeClock()
-    breakers = Breakers(clock=clock)
-    for _ in range(5):
-        breakers.get(1).record(False)
-    assert breakers.get(1).is_open
-    assert not breakers.get(2).is_open
-    assert breakers.open_count() == 1
 
 
 def test_backoff_schedule_doubles_from_the_base_up_to_the_cap():
