@@ -197,7 +197,7 @@ class Intake:
     def head(self, target_id: int) -> int:
         """Claim and dispatch the ordered target's next delivery; return 1 if there
         was one. Also called as soon as the previous head's result commits
-        (Engine.written), so a lane waits for no intake pass."""
+        (turns.Turns.written), so a lane waits for no intake pass."""
         targets = self.claimer.targets
         target = targets.get(target_id)
         if (

@@ -373,7 +373,7 @@ class Runner:
             "attempts_in_flight": engine.sender.in_flight(),
             "workers": engine.config.workers,
             "open_breakers": len(engine.targets.not_closed()),
-            "breakers": engine.breaker_states(),
+            "breakers": engine.targets.breaker_states(),
             "partitions": engine.partitions.listing(),
         }
 

@@ -45,9 +45,12 @@ target's object changes is changed under the registry's one lock.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections import deque
+
+from django.utils import timezone
 
 from deliveries.engine.breaker import CircuitBreaker
 from deliveries.models import Target
@@ -515,6 +518,22 @@ class Targets:
         """The breakers that are open or half-open, by target id."""
         targets = list(self._by_id.values())
         return {t.id: t.breaker for t in targets if t.breaker is not None and t.breaker.is_open}
+
+    def breaker_states(self) -> dict:
+        """Every breaker that is not closed, as the heartbeat row publishes them."""
+        now, wall = self._clock(), timezone.now()
+
+        def at(clock_time):
+            return (wall + datetime.timedelta(seconds=clock_time - now)).isoformat()
+
+        return {
+            str(target_id): {
+                "state": breaker.state,
+                "since": at(breaker.open_since) if breaker.open_since is not None else None,
+                "until": at(breaker.opened_until),
+            }
+            for target_id, breaker in self.not_closed().items()
+        }
 
 
 def _read(ids) -> list[dict]:

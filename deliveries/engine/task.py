@@ -63,7 +63,7 @@ class Task:
     # of the event as received.
     transformed: bool = False
     # (task as sent, body) from its transform, for the attempt that goes on with it
-    # (Engine.attempt takes it, once).
+    # (Turns.attempt takes it, once).
     shaped: tuple | None = field(default=None, repr=False)
     # The event's trace context (Event.traceparent), and the span of the attempt
     # being made (tracing.Attempt), ended with its result.

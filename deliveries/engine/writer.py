@@ -76,7 +76,7 @@ class ResultWriter:
         awaited: Callable[[AttemptResult | NotBefore], bool] = lambda item: False,
     ):
         self.on_written = on_written
-        # Whether something waits for this item's write (Engine.awaited): it ends
+        # Whether something waits for this item's write (turns.Turns.awaited): it ends
         # the gathering of its batch at once.
         self.awaited = awaited
         self._queue = queue.SimpleQueue()

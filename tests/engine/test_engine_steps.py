@@ -716,8 +716,8 @@ def test_the_engine_awaits_results_of_ordered_and_of_full_targets(make_target):
     engine = make_engine()
     full = make_target().pk
     engine.targets.load([full])
-    assert not engine.awaited(result(1, target_id=full))
-    assert engine.awaited(result(1, target_id=full, ordered=True))
+    assert not engine.turns.awaited(result(1, target_id=full))
+    assert engine.turns.awaited(result(1, target_id=full, ordered=True))
     engine.targets.note_overflow(full, 100)
-    assert engine.awaited(result(1, target_id=full))
-    assert not engine.awaited(NotBefore(target_id=full, at=timezone.now()))
+    assert engine.turns.awaited(result(1, target_id=full))
+    assert not engine.turns.awaited(NotBefore(target_id=full, at=timezone.now()))

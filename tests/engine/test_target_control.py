@@ -128,7 +128,7 @@ def test_an_open_breaker_is_published_and_next_attempt_tells_the_truth(
 ):
     clock = FakeClock()
     engine = open_breaker(entrypoint, make_target, sink, clock)
-    [(target_id, state)] = engine.breaker_states().items()
+    [(target_id, state)] = engine.targets.breaker_states().items()
     assert state["state"] == "open"
     until = datetime.datetime.fromisoformat(state["until"])
     assert 25 < (until - timezone.now()).total_seconds() <= 30
