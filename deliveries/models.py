@@ -11,7 +11,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connections, models, transaction
 from django.utils import timezone
 
-from deliveries import audit, targets, verification, wake
+from deliveries import audit, bodies, targets, verification, wake
 from deliveries.audit import Audited
 from deliveries.engine.backoff import clean_schedule
 from deliveries.fields import EncryptedJSONField, EncryptedTextField, EncryptedURLField
@@ -521,6 +521,10 @@ class Event(models.Model):
     # Kept beside the body so lists, metrics and the engine can know the size
     # without reading the body itself (up to WEBHOOKER_MAX_BODY_BYTES).
     body_size = models.PositiveBigIntegerField(default=0)
+    # A large body kept as a file beside the SQLite database (deliveries/bodies.py):
+    # its name, `body` then empty. NULL, not "", so adding the column rewrites no
+    # table. Read the body with read_body(), wherever it is.
+    body_file = models.CharField(max_length=32, null=True, blank=True, editable=False)  # noqa: DJ001
     content_type = models.CharField(max_length=255, blank=True)
     remote_addr = models.GenericIPAddressField(null=True, blank=True)
     received_at = models.DateTimeField(default=timezone.now)
@@ -560,6 +564,12 @@ class Event(models.Model):
                 name="event_provider_id_idx",
                 condition=~models.Q(provider_id=""),
             ),
+            # Which events name a body file (retention.sweep_body_files).
+            models.Index(
+                fields=["body_file"],
+                name="event_body_file_idx",
+                condition=models.Q(body_file__isnull=False),
+            ),
         ]
         constraints = [
             # Deduplication: the database, not a read-then-write, decides which of
@@ -575,13 +585,20 @@ class Event(models.Model):
     def __str__(self):
         return str(self.code)
 
+    def read_body(self) -> bytes:
+        """The body as received, from the row or from its file."""
+        if self.body_file:
+            return bodies.read(self.body_file)
+        return bytes(self.body)
+
     def resend(self, *, body: bytes | None = None, headers: list | None = None) -> "Event":
         """A copy of this event, its body and header lines edited (None: as they
         were), stored as a new event of the same webhook linked to this one, with a
         pending delivery for each active target: delivered as usual."""
         headers = self.headers if headers is None else headers
-        body = bytes(self.body) if body is None else body
+        body = self.read_body() if body is None else body
         says = verification.sender_says(headers, body)
+        body_file = bodies.write(body) if bodies.spills(len(body)) else None
         content_type = next(
             (value for name, value in headers if name.lower() == "content-type"), ""
         )
@@ -593,7 +610,8 @@ class Event(models.Model):
                 method=self.method,
                 query_string=self.query_string,
                 headers=headers,
-                body=body,
+                body=b"" if body_file else body,
+                body_file=body_file,
                 body_size=len(body),
                 content_type=content_type[:255],
                 received_at=now,

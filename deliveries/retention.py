@@ -32,7 +32,7 @@ from collections import Counter
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from deliveries import audit
+from deliveries import audit, bodies
 from deliveries.models import Delivery, DeliveryResult, Event, IdempotentRequest, Webhook
 
 logger = logging.getLogger(__name__)
@@ -140,8 +140,10 @@ def prune_events(
             while candidates:
                 batch_ids = _batch(candidates, pacer.size)
                 del candidates[: len(batch_ids)]
+                files = _body_files(batch_ids)
                 deleted, held = _delete(batch_ids)
                 removed += deleted
+                removed["body files"] += _discard_unnamed(files)
                 pacer.record(len(batch_ids), held)
                 if stop.wait(held * YIELD):
                     return removed
@@ -150,9 +152,42 @@ def prune_events(
         created_at__lt=now - IdempotentRequest.KEPT
     ).delete()[0]
     removed["audit entries"] = audit.prune(now)
+    removed["body files"] += sweep_body_files()
     if removed["events"]:
         give_back_space(stop)
     return removed
+
+
+def sweep_body_files(now: float | None = None) -> int:
+    """Delete the body files (bodies.py) no event names that are over
+    bodies.ORPHAN_AGE old: a crash, or a failed request, between a file and its
+    row, and the files of events deleted otherwise than by pruning (a webhook
+    deleted, events deleted in the console). Return how many went."""
+    cutoff = (now or time.time()) - bodies.ORPHAN_AGE
+    old = [name for name, modified in bodies.listing() if modified < cutoff]
+    return sum(_discard_unnamed(old[i : i + 1000]) for i in range(0, len(old), 1000))
+
+
+def _body_files(event_ids) -> list[str]:
+    """The body files of these events (only SQLite keeps any)."""
+    if connection.vendor != "sqlite":
+        return []
+    return list(
+        Event.objects.filter(id__in=event_ids, body_file__isnull=False).values_list(
+            "body_file", flat=True
+        )
+    )
+
+
+def _discard_unnamed(names) -> int:
+    """Delete the files among `names` that no event names (any more)."""
+    if not names:
+        return 0
+    named = set(Event.objects.filter(body_file__in=names).values_list("body_file", flat=True))
+    gone = [name for name in names if name not in named]
+    for name in gone:
+        bodies.discard(name)
+    return len(gone)
 
 
 def _batch(candidates: list[tuple[int, int]], size: int) -> list[int]:

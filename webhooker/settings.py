@@ -345,6 +345,15 @@ WHITENOISE_USE_FINDERS = not PRODUCTION
 
 # --- Inbound --------------------------------------------------------------------
 WEBHOOKER_MAX_BODY_BYTES = _number("WEBHOOKER_MAX_BODY_BYTES", 10 * 1024 * 1024, minimum=1)
+# On SQLite, bodies of this many bytes or more are files in DATA_DIR/bodies, written
+# before the event's row, so SQLite's one writer never holds them
+# (deliveries/bodies.py); 0 keeps every body in its row. PostgreSQL keeps every body
+# in its row. At least 64 KiB: the engine carries bodies up to 16 KiB from the row.
+WEBHOOKER_BODY_FILE_BYTES = _number("WEBHOOKER_BODY_FILE_BYTES", 1024 * 1024, minimum=0)
+if 0 < WEBHOOKER_BODY_FILE_BYTES < 64 * 1024:
+    raise ImproperlyConfigured(
+        f"WEBHOOKER_BODY_FILE_BYTES={WEBHOOKER_BODY_FILE_BYTES} must be 0 or at least 65536"
+    )
 # Seconds a client has to send a whole request body: the event loop (webhooker/server/)
 # reads it, so a slow sender costs a connection, never a thread; past this, 408.
 WEBHOOKER_BODY_TIMEOUT = _number("WEBHOOKER_BODY_TIMEOUT", 30.0, cast=float, minimum=0.1)

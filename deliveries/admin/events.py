@@ -221,7 +221,7 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
         event = self.get_object(request, object_id)  # 404 for junk ids and others' events
         initial = {
             "headers": "\n".join(f"{name}: {value}" for name, value in event.headers),
-            "body": bytes(event.body).decode("utf-8", "replace"),
+            "body": event.read_body().decode("utf-8", "replace"),
         }
         form = ResendForm(request.POST if "apply" in request.POST else None, initial=initial)
         if not form.is_valid():
@@ -257,7 +257,7 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
         if not self.has_view_permission(request):
             raise Http404
         event = self.get_object(request, object_id)  # 404 for junk ids and others' events
-        response = HttpResponse(bytes(event.body), content_type="application/octet-stream")
+        response = HttpResponse(event.read_body(), content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
@@ -273,7 +273,7 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
 
     @admin.display(description="Body")
     def body_view(self, obj):
-        body = bytes(obj.body)
+        body = obj.read_body()
         kind, text = body_preview(body)
         return render_to_string(
             "admin/deliveries/event/body.html",

@@ -295,7 +295,7 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
     def body(self, request, pk=None):
         event = self.get_object()
         response = HttpResponse(
-            bytes(event.body), content_type=event.content_type or "application/octet-stream"
+            event.read_body(), content_type=event.content_type or "application/octet-stream"
         )
         # Whatever the sender claimed the body is, it must never run as a page on
         # this origin (the admin's): a download, unsniffed, sandboxed.

@@ -142,5 +142,5 @@ def read_body(task: Task) -> bytes:
     """
     if task.body is not None:
         return task.body
-    body = Event.objects.filter(id=task.event_id).values_list("body", flat=True).first()
-    return bytes(body) if body is not None else b""
+    event = Event.objects.filter(id=task.event_id).only("body", "body_file").first()
+    return event.read_body() if event is not None else b""

@@ -37,9 +37,9 @@ UNCHANGED = (
 
 
 EVENT_COLUMNS = (
-    "code, webhook_id, entrypoint_id, method, query_string, headers, body, body_size, "
-    "content_type, remote_addr, received_at, provider_id, deduplicated, duplicates, event_type, "
-    "request_id, traceparent"
+    "code, webhook_id, entrypoint_id, method, query_string, headers, body, body_file, "
+    "body_size, content_type, remote_addr, received_at, provider_id, deduplicated, duplicates, "
+    "event_type, request_id, traceparent"
 )
 
 
@@ -53,7 +53,7 @@ def for_vendor(vendor: str) -> dict[str, str]:
     # PostgreSQL) and it answers with the winner's event.
     event = (
         f"INSERT INTO {t['event']} ({EVENT_COLUMNS}) "
-        "SELECT %s, %s, e.id, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+        "SELECT %s, %s, e.id, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
         f"FROM {t['entrypoint']} e WHERE {UNCHANGED} "
     )
     # One statement reads the active targets and writes their deliveries with the

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from django.db import connection, transaction
 from django.utils import timezone
 
-from deliveries import tracing, verification, wake
+from deliveries import bodies, tracing, verification, wake
 from deliveries.ingest import statements as queries
 from deliveries.ingest.entrypoints import Inbound
 from deliveries.models import Delivery, Event
@@ -83,13 +83,17 @@ def store_event(
     # deduplication, which reads only the entrypoint's source).
     says = verification.sender_says(headers, body)
     provider_id = provider_id or says.event_id
+    # A large body on SQLite: written and synced first, outside the writer's
+    # transaction, which stores only its name (bodies.py).
+    body_file = bodies.write(body) if bodies.spills(len(body)) else None
     values = [
         Event._meta.get_field("code").get_db_prep_value(code, connection),
         entrypoint.webhook_id,
         method,
         query_string,
         Event._meta.get_field("headers").get_db_prep_value(headers, connection),
-        body,
+        b"" if body_file else body,
+        body_file,
         len(body),
         content_type,
         ip_or_none(remote_addr),
@@ -108,7 +112,12 @@ def store_event(
     delivery_values = [Delivery.Status.PENDING.value, now, now, entrypoint.webhook_id]
     if connection.vendor == "postgresql":
         return _store_postgresql(insert, code, values + delivery_values, gone)
-    return _store_sqlite(insert, code, values, delivery_values, gone)
+    stored = _store_sqlite(insert, code, values, delivery_values, gone)
+    if stored.duplicate and body_file:
+        bodies.discard(body_file)  # the kept event has its own; nothing names this one
+    # Any other way out leaves the file to retention.sweep_body_files: a failed
+    # COMMIT may still have stored the row that names it.
+    return stored
 
 
 @dataclasses.dataclass(slots=True)

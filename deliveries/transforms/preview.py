@@ -30,8 +30,8 @@ def preview(target, event, program: str | None = None, filters: list | None = No
     state = TargetState(
         {name: unsaved[name] if name in unsaved else getattr(target, name) for name in FIELDS}
     )
-    task = _task(event, state)
-    body = bytes(event.body)
+    body = event.read_body()
+    task = _task(event, state, body)
     # What a program reads, also when there is none yet: to write one from.
     shown, out = transforms.run(task, body, program or "empty", show=True)
     answer = {"input": shown, "output": out if program else None}
@@ -63,7 +63,7 @@ def _sent_lines(sent: Task, body: bytes) -> tuple[list, str]:
     return [list(line) for line in lines], query
 
 
-def _task(event, state: TargetState) -> Task:
+def _task(event, state: TargetState, body: bytes) -> Task:
     return Task(
         delivery_id=0,
         status="pending",
@@ -78,7 +78,7 @@ def _task(event, state: TargetState) -> Task:
         content_type=event.content_type,
         body_size=event.body_size,
         received_at=event.received_at,
-        body=bytes(event.body),
+        body=body,
         target=state,
         query_string=event.query_string,
         event_type=event.event_type,
