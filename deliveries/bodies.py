@@ -25,10 +25,15 @@ import uuid
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 
 # A file no event names is deleted once it is this old (seconds).
 ORPHAN_AGE = 3600
+
+
+class Unreadable(OSError):
+    """An event's body file is missing or cannot be read (a restore without it, a
+    disk fault): nothing can send or show that body until it is back."""
 
 
 def directory() -> Path:
@@ -58,8 +63,22 @@ def write(data: bytes) -> str:
     return name
 
 
+def write_or_unavailable(data: bytes) -> str:
+    """write(), a failure (a full disk) being the database's kind of unavailability:
+    the caller answers as when SQLite cannot store the row (503, Retry-After)."""
+    try:
+        return write(data)
+    except OSError as exc:
+        raise OperationalError(f"cannot write the body's file: {exc}") from exc
+
+
 def read(name: str) -> bytes:
-    return (directory() / _checked(name)).read_bytes()
+    path = directory() / _checked(name)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        why = exc.strerror or exc.__class__.__name__
+        raise Unreadable(f"the event's body file bodies/{name} cannot be read: {why}") from exc
 
 
 def discard(name: str) -> None:
@@ -84,11 +103,17 @@ def listing() -> list[tuple[str, float]]:
     return found
 
 
+# Folders this process made sure of, their own name synced into their parent: a
+# file's name is durable only once every folder on its way is.
+_ready: set[Path] = set()
+
+
 def _folder() -> Path:
     folder = directory()
-    if not folder.is_dir():
+    if folder not in _ready:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         _sync(folder.parent)
+        _ready.add(folder)
     return folder
 
 

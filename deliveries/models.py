@@ -598,7 +598,7 @@ class Event(models.Model):
         headers = self.headers if headers is None else headers
         body = self.read_body() if body is None else body
         says = verification.sender_says(headers, body)
-        body_file = bodies.write(body) if bodies.spills(len(body)) else None
+        body_file = bodies.write_or_unavailable(body) if bodies.spills(len(body)) else None
         content_type = next(
             (value for name, value in headers if name.lower() == "content-type"), ""
         )

@@ -14,7 +14,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from unfold.contrib.filters.admin import RangeDateTimeFilter
 
-from deliveries import export
+from deliveries import bodies, export
 from deliveries.admin import search
 from deliveries.admin.base import (
     CappedCountPaginator,
@@ -219,9 +219,14 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
         """Edit and resend: the event's header lines and body in a form; saved, a new
         event linked to this one, delivered as usual (Event.resend)."""
         event = self.get_object(request, object_id)  # 404 for junk ids and others' events
+        try:
+            body = event.read_body()
+        except bodies.Unreadable as exc:
+            self.message_user(request, f"Cannot resend: {exc}.", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:deliveries_event_change", args=[event.pk]))
         initial = {
             "headers": "\n".join(f"{name}: {value}" for name, value in event.headers),
-            "body": event.read_body().decode("utf-8", "replace"),
+            "body": body.decode("utf-8", "replace"),
         }
         form = ResendForm(request.POST if "apply" in request.POST else None, initial=initial)
         if not form.is_valid():
@@ -257,7 +262,11 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
         if not self.has_view_permission(request):
             raise Http404
         event = self.get_object(request, object_id)  # 404 for junk ids and others' events
-        response = HttpResponse(event.read_body(), content_type="application/octet-stream")
+        try:
+            body = event.read_body()
+        except bodies.Unreadable as exc:
+            return HttpResponse(f"{exc}\n", status=500, content_type="text/plain")
+        response = HttpResponse(body, content_type="application/octet-stream")
         response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'
         response["X-Content-Type-Options"] = "nosniff"
         return response
@@ -273,7 +282,10 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
 
     @admin.display(description="Body")
     def body_view(self, obj):
-        body = obj.read_body()
+        try:
+            body = obj.read_body()
+        except bodies.Unreadable as exc:
+            return format_html('<p class="errornote">{}.</p>', str(exc).capitalize())
         kind, text = body_preview(body)
         return render_to_string(
             "admin/deliveries/event/body.html",

@@ -15,10 +15,10 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import APIException, NotFound, ValidationError
 from rest_framework.response import Response
 
-from deliveries import audit, export
+from deliveries import audit, bodies, export
 from deliveries.api import idempotency
 from deliveries.api import serializers as s
 from deliveries.api.errors import ErrorSerializer
@@ -294,9 +294,11 @@ class EventViewSet(ExportMixin, ReadOnlyViewSet):
     @action(detail=True, methods=["get"])
     def body(self, request, pk=None):
         event = self.get_object()
-        response = HttpResponse(
-            event.read_body(), content_type=event.content_type or "application/octet-stream"
-        )
+        try:
+            body = event.read_body()
+        except bodies.Unreadable as exc:
+            raise APIException(f"{str(exc).capitalize()}.") from exc
+        response = HttpResponse(body, content_type=event.content_type or "application/octet-stream")
         # Whatever the sender claimed the body is, it must never run as a page on
         # this origin (the admin's): a download, unsniffed, sandboxed.
         response["Content-Disposition"] = f'attachment; filename="event-{event.code}.bin"'

@@ -516,8 +516,12 @@ class Targets:
 
     def not_closed(self) -> dict[int, CircuitBreaker]:
         """The breakers that are open or half-open, by target id."""
-        targets = list(self._by_id.values())
-        return {t.id: t.breaker for t in targets if t.breaker is not None and t.breaker.is_open}
+        found = {}
+        for target in list(self._by_id.values()):
+            breaker = target.breaker  # read once: forget() may drop it meanwhile
+            if breaker is not None and breaker.is_open:
+                found[target.id] = breaker
+        return found
 
     def breaker_states(self) -> dict:
         """Every breaker that is not closed, as the heartbeat row publishes them."""

@@ -26,7 +26,7 @@ from django.db import connection
 from django.db.utils import DatabaseError
 from django.utils import timezone
 
-from deliveries import metrics, tracing, transforms
+from deliveries import bodies, metrics, tracing, transforms
 from deliveries.engine import attempts
 from deliveries.engine.attempts import AttemptResult
 from deliveries.engine.breaker import CircuitBreaker
@@ -47,6 +47,8 @@ class Turns:
     WRITE_RETRY = 5.0
     # A task whose partition's lease ran out waits this long before it looks again.
     LEASE_WAIT = 0.25
+    # A task whose body file cannot be read (bodies.Unreadable) looks again this much later.
+    BODY_RETRY = 60.0
 
     def __init__(self, engine):
         # The engine's ownership steps (schedule, release, let_stale_go) and its
@@ -111,6 +113,9 @@ class Turns:
             except DatabaseError:
                 self._database_trouble(task)
                 return False
+            except bodies.Unreadable as exc:
+                self._body_trouble(task, exc)
+                return False
             if state.filters and not matches(
                 state.filters, task.headers, body, event_type=task.event_type
             ):
@@ -135,6 +140,10 @@ class Turns:
         except DatabaseError:
             give_back_probe(task)
             self._database_trouble(task)
+            return False
+        except bodies.Unreadable as exc:
+            give_back_probe(task)
+            self._body_trouble(task, exc)
             return False
         if not self.partitions.may_attempt(task.target_id):
             # It ran out while the body was read: checked again just before sending.
@@ -259,6 +268,14 @@ class Turns:
         )
         connection.close()
         self.engine.schedule(task, self.clock() + self.WRITE_RETRY)
+
+    def _body_trouble(self, task: Task, exc: bodies.Unreadable) -> None:
+        # Nobody's attempt: the delivery waits, owned, for its file to come back
+        # (an ordered target's lane with it) rather than circling through recovery.
+        logger.warning(
+            "delivery %s: %s; trying again in %d s", task.delivery_id, exc, self.BODY_RETRY
+        )
+        self.engine.schedule(task, self.clock() + self.BODY_RETRY)
 
     def _date_deferred(self, target_id: int, until: float, fence=None) -> None:
         """The breaker opened: the target's unfinished deliveries will not be tried

@@ -85,7 +85,7 @@ def store_event(
     provider_id = provider_id or says.event_id
     # A large body on SQLite: written and synced first, outside the writer's
     # transaction, which stores only its name (bodies.py).
-    body_file = bodies.write(body) if bodies.spills(len(body)) else None
+    body_file = bodies.write_or_unavailable(body) if bodies.spills(len(body)) else None
     values = [
         Event._meta.get_field("code").get_db_prep_value(code, connection),
         entrypoint.webhook_id,

@@ -11,9 +11,11 @@ import time
 import pytest
 from django.db import connection
 from django.test import Client
+from django.urls import reverse
 
 from deliveries import bodies, retention
 from deliveries.models import Event
+from tests.support.admin import client_for
 from tests.support.api import key_for
 from tests.support.engines import make_engine, pump
 
@@ -157,3 +159,40 @@ def test_pruning_an_old_event_deletes_its_body_file(entrypoint):
     removed = retention.prune_events()
     assert removed["events"] == 1 and removed["body files"] == 1
     assert list(bodies.directory().iterdir()) == []
+
+
+@sqlite_only
+def test_a_body_file_that_cannot_be_written_is_a_503_and_nothing_stored(entrypoint, settings):
+    """A full disk (or any failure to write the file) is the service being
+    unavailable, as when SQLite cannot store the row: 503 with Retry-After."""
+    bodies.directory().write_bytes(b"")  # a file where the folder goes: nothing is made
+    response = post(entrypoint, large_body())
+    assert response.status_code == 503 and response["Retry-After"]
+    assert not Event.objects.exists()
+
+
+@sqlite_only
+def test_a_missing_body_file_holds_its_delivery_and_says_why(
+    user, superuser, entrypoint, make_target, sink, caplog
+):
+    """A body file gone (a restore without it, a disk fault): the delivery waits,
+    owned, for BODY_RETRY, rather than circling through recovery (an ordered
+    target's head at once, for ever); the console and the API say what is wrong."""
+    make_target(url=sink.url("/big"), ordered=True, max_retries=3)
+    assert post(entrypoint, large_body()).status_code == 200
+    event = Event.objects.get()
+    (bodies.directory() / event.body_file).unlink()
+
+    engine = make_engine()
+    engine.intake_once()
+    assert engine.process_one()
+    assert sink.requests("/big") == []
+    (task,) = engine.scheduler.take(lambda t: True)  # waiting, still owned
+    assert task.event_id == event.pk
+    assert "body file" in caplog.text
+
+    api = Client(headers={"Authorization": f"Bearer {key_for(user)}"})
+    answer = api.get(f"/api/v1/events/{event.pk}/body/")
+    assert answer.status_code == 500 and "body file" in answer.json()["error"]
+    page = client_for(superuser).get(reverse("admin:deliveries_event_change", args=[event.pk]))
+    assert page.status_code == 200 and b"cannot be read" in page.content
