@@ -136,12 +136,7 @@ class TargetForm(forms.ModelForm, _ConfigFields):
             "max_queue_size",
             "paused",
             "paused_reason",
-            "ordered",
-            "rate_limit",
-            "filters",
-            "transform",
-            "signing",
-            "traceparent",
+            *Target.DELIVERY_SETTINGS,
         ]
         labels = {"paused_reason": "Reason", "rate_limit": "Rate limit (per second)"}
         widgets = {

@@ -271,6 +271,9 @@ class Target(Audited, models.Model):
     # is in every attempt begun since. A rotation answers only then.
     ENGINE_FRESHNESS = 0.5
     ROTATION_SEEN_AFTER = ENGINE_FRESHNESS + 0.25
+    # How the target takes each delivery, beyond where it goes and how often it is
+    # retried: the settings the console's form and the API's serializer offer alike.
+    DELIVERY_SETTINGS = ("ordered", "rate_limit", "filters", "transform", "signing", "traceparent")
 
     webhook = models.ForeignKey(Webhook, models.CASCADE, related_name="targets")
     name = models.CharField(max_length=200)
