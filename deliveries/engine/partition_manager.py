@@ -10,6 +10,7 @@ import random
 import threading
 import time
 
+import psycopg
 from django.db import connection
 from django.db.utils import DatabaseError
 
@@ -271,6 +272,12 @@ class PartitionManager:
                 # what failed (a take's recovery) is tried again next step.
                 logger.warning("partitions step: database error; retrying", exc_info=True)
                 connection.close()
+            except psycopg.OperationalError as exc:
+                # The lock connection (psycopg's own, not Django's) failed between
+                # the step's renewal and a later statement on it: ended by the
+                # server, cut off. As when the renewal notices it: no traceback.
+                logger.warning("partitions step: %s", str(exc).splitlines()[0])
+                self.lost()
             except Exception:
                 logger.exception("partitions step failed; reconnecting")
                 self.lost()

@@ -247,6 +247,44 @@ def test_managers_share_the_partitions_and_a_lost_connection_is_survived():
         second.close()
 
 
+def test_a_lock_session_ended_mid_step_is_a_lost_connection_not_a_traceback(caplog):
+    """The server ends the lock session between the step's renewal and its next
+    statement on that connection (seen in tests/e2e/test_scaleout.py's terminated
+    session): the partitions are dropped as for any lost connection, logged
+    without a traceback, and the loop goes on."""
+    postgresql_only()
+    engine = make_engine(partitions=Partitions(4, held=()))
+    manager = PartitionManager(
+        Handover(engine),
+        name=f"test-{id(engine)}",
+        interval=0.0,
+        evict_after=10.0,
+        connect=open_raw_connection,
+    )
+    stop = threading.Event()
+    renew = manager.renew
+
+    def renew_then_end_the_session():
+        renewed = renew()
+        if manager.partitions.held:  # the first step took them: end it in the next
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [manager.backend_pid])
+            stop.set()
+        return renewed
+
+    try:
+        manager.step()
+        assert manager.partitions.held == set(range(4))
+        manager.renew = renew_then_end_the_session
+        manager.wait = lambda timeout, stop_event: None
+        manager.run(stop)
+        assert manager.conn is None and manager.partitions.held == set()
+        assert not [r for r in caplog.records if r.exc_info], caplog.text
+        assert "lock connection lost" in caplog.text
+    finally:
+        manager.close()
+
+
 def test_serve_refuses_several_engines_on_sqlite():
     from django.core.management import CommandError, call_command
 
