@@ -9,9 +9,8 @@ last reference goes (invariant 4), a read that starts after a successful claim s
 that result, and the claim is dropped instead of sending the delivery twice.
 """
 
-from django.db.models import BinaryField, Case, F, Value, When
-
-from deliveries.engine.task import INLINE_BODY_LIMIT, Task
+from deliveries.engine import statements
+from deliveries.engine.task import Task
 from deliveries.models import Delivery, Event
 
 # What a claimant reads about each candidate before claiming it.
@@ -86,52 +85,12 @@ class Claimer:
         self.inflight.release(task.delivery_id)
 
 
-# Task field -> the column it is read from, one row per claimed delivery.
-TASK_COLUMNS = {
-    "delivery_id": "id",
-    "status": "status",
-    "attempts": "attempts",
-    "next_attempt_at": "next_attempt_at",
-    "event_id": "event_id",
-    "event_code": "event__code",
-    "webhook_id": "event__webhook_id",
-    "target_id": "target_id",
-    "method": "event__method",
-    "headers": "event__headers",
-    "content_type": "event__content_type",
-    "body_size": "event__body_size",
-    "received_at": "event__received_at",
-    "query_string": "event__query_string",
-    "body": "inline_body",
-    "event_type": "event__event_type",
-    "provider_id": "event__provider_id",
-    "entrypoint_id": "event__entrypoint_id",
-    "traceparent": "event__traceparent",
-}
-
-
 def load_tasks(ids) -> list[Task]:
+    ids = list(ids)
     tasks = []
     for start in range(0, len(ids), LOAD_CHUNK):
-        chunk = ids[start : start + LOAD_CHUNK]
-        rows = (
-            Delivery.objects.filter(id__in=chunk, status__in=Delivery.UNFINISHED)
-            .annotate(
-                inline_body=Case(
-                    When(event__body_size__lte=INLINE_BODY_LIMIT, then=F("event__body")),
-                    default=Value(None),
-                    output_field=BinaryField(),
-                )
-            )
-            .values_list(*TASK_COLUMNS.values())
-            .order_by("id")
-        )
-        for row in rows:
-            fields = dict(zip(TASK_COLUMNS, row, strict=True))
-            fields["headers"] = fields["headers"] or []
-            if fields["body"] is not None:
-                fields["body"] = bytes(fields["body"])
-            tasks.append(Task(**fields))
+        params = [statements.ids_parameter(ids[start : start + LOAD_CHUNK]), *Delivery.UNFINISHED]
+        tasks += [Task(**statements.loaded(row)) for row in statements.run("load", params)]
     return tasks
 
 

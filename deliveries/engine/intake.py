@@ -31,6 +31,7 @@ import time
 
 from django.db.models import Q
 
+from deliveries.engine import statements
 from deliveries.engine.claims import CANDIDATE_FIELDS
 from deliveries.models import Delivery
 
@@ -211,12 +212,7 @@ class Intake:
         if not targets.begin_head(target_id):
             return 0  # its head is in flight, or another thread is reading it
         try:
-            head = list(
-                Delivery.objects.unfinished()
-                .filter(target_id=target_id)
-                .order_by("event__received_at", "event_id", "id")
-                .values_list(*CANDIDATE_FIELDS)[:1]
-            )
+            head = statements.run("head", [target_id, *Delivery.UNFINISHED])
             if not head:
                 targets.rest_lane(target_id)  # noted again when a delivery comes
                 return 0

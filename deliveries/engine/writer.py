@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.db.models import Exists, Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
@@ -191,7 +191,8 @@ def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
     PostgreSQL: one prepared statement (_postgresql_statement), which writes a
     result only while its task's epoch is its partition's current one. SQLite, whose
     statements cost no round trip and which has one engine (nothing to fence): an
-    existence SELECT, an UPDATE per delivery and bulk_create, in one transaction.
+    existence SELECT, an UPDATE per delivery and an INSERT per result, in one
+    transaction (_write_sqlite).
     """
     now = timezone.now()
     statuses = [
@@ -250,10 +251,7 @@ def write_results(batch: list[AttemptResult]) -> tuple[set[int], set[int]]:
             rows = cursor.fetchall()
         return {id_ for id_, _ in rows}, {id_ for id_, written in rows if written}
     with transaction.atomic():
-        existing = _update_statuses(statuses)
-        DeliveryResult.objects.bulk_create(
-            DeliveryResult(**row) for row in results if row["delivery_id"] in existing
-        )
+        existing = _write_sqlite(statuses, results)
     return existing, existing
 
 
@@ -325,21 +323,86 @@ def _storable(text: str) -> str:
     return text.replace("\x00", "\ufffd")
 
 
-def _update_statuses(rows: list[tuple]) -> set[int]:
-    """SQLite: write rows of STATUS_COLUMNS; return the ids that exist."""
-    table = connection.ops.quote_name(Delivery._meta.db_table)
+def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
+    """SQLite: write rows of STATUS_COLUMNS and their results (_sqlite_statements);
+    return the ids that exist. The caller's transaction makes it atomic."""
     adapt = connection.ops.adapt_datetimefield_value
-    rows = [
+    statuses = [
         (status, attempts, adapt(due), reason, failure, adapt(at), id_)
-        for status, attempts, due, reason, failure, at, id_ in rows
+        for status, attempts, due, reason, failure, at, id_ in statuses
     ]
+    statements = _sqlite_statements()
     with connection.cursor() as cursor:
-        ids = [row[-1] for row in rows]
-        existing = set(Delivery.objects.filter(id__in=ids).values_list("id", flat=True))
+        cursor.execute(statements["existing"], [json.dumps([row[-1] for row in statuses])])
+        existing = {id_ for (id_,) in cursor.fetchall()}
+        cursor.executemany(statements["status"], [row for row in statuses if row[-1] in existing])
         cursor.executemany(
-            f"UPDATE {table} SET "
-            + ", ".join(f"{name} = %s" for name in STATUS_COLUMNS[:-1])
-            + " WHERE id = %s",
-            [row for row in rows if row[-1] in existing],
+            statements["result"],
+            [
+                [adapt(row[name]) for name, adapt in _sqlite_result_columns()]
+                for row in results
+                if row["delivery_id"] in existing
+            ],
         )
-        return existing
+    return existing
+
+
+def _result_fields():
+    return [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
+
+
+@functools.cache
+def _sqlite_result_columns() -> tuple:
+    """(attname, adapter) of each result column: what Field.get_db_prep_save does
+    for these fields on SQLite, chosen once rather than dispatched per value.
+    tests/engine/test_engine_steps.py reads every column back."""
+    adapters = {
+        models.JSONField: lambda value: connection.ops.adapt_json_value(value, None),
+        models.DateTimeField: connection.ops.adapt_datetimefield_value,
+    }
+    columns = []
+    for field in _result_fields():
+        kind = next((k for k in adapters if isinstance(field, k)), None)
+        if kind is None and field.get_internal_type() not in PLAIN:
+            raise TypeError(f"{field}: no SQLite adapter for {field.get_internal_type()}")
+        columns.append((field.attname, adapters.get(kind, _as_is)))
+    return tuple(columns)
+
+
+def _as_is(value):
+    return value
+
+
+# Field types whose Python values SQLite's driver takes as they are.
+PLAIN = {
+    "ForeignKey",
+    "PositiveIntegerField",
+    "BooleanField",
+    "TextField",
+    "CharField",
+    "IntegerField",
+    "BigIntegerField",
+}
+
+
+@functools.cache
+def _sqlite_statements() -> dict[str, str]:
+    """The SQLite writer's statements, built once (its batches are often of one
+    result: the ORM building them cost more than SQLite running them)."""
+    quote = connection.ops.quote_name
+    deliveries = quote(Delivery._meta.db_table)
+    statuses = [quote(Delivery._meta.get_field(name).column) for name in STATUS_COLUMNS]
+    results = _result_fields()
+    return {
+        "existing": f"SELECT id FROM {deliveries} WHERE id IN (SELECT value FROM json_each(%s))",
+        "status": (
+            f"UPDATE {deliveries} SET "
+            + ", ".join(f"{name} = %s" for name in statuses[:-1])
+            + f" WHERE {statuses[-1]} = %s"
+        ),
+        "result": (
+            f"INSERT INTO {quote(DeliveryResult._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in results)}) "
+            f"VALUES ({', '.join(['%s'] * len(results))})"
+        ),
+    }

@@ -504,6 +504,125 @@ def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_timeout(entrypoint, 
     assert result.error == "timed out after 1 s"
 
 
+# --- the claim's statements ---------------------------------------------------
+
+
+def orm_tasks(ids):
+    """Tasks read through the ORM, as the claim read them before its statements
+    were built once: what those statements must give, value for value."""
+    from django.db.models import BinaryField, Case, F, Value, When
+
+    from deliveries.engine.statements import TASK_COLUMNS
+    from deliveries.engine.task import INLINE_BODY_LIMIT, Task
+
+    lookups = {
+        field: ("inline_body" if field == "body" else name if alias == "d" else f"event__{name}")
+        for field, (alias, name) in TASK_COLUMNS.items()
+    }
+    for field in ("event_id", "target_id", "webhook_id", "entrypoint_id"):
+        lookups[field] = lookups[field].removesuffix("_id") + "_id"
+    rows = (
+        Delivery.objects.filter(id__in=ids, status__in=Delivery.UNFINISHED)
+        .annotate(
+            inline_body=Case(
+                When(event__body_size__lte=INLINE_BODY_LIMIT, then=F("event__body")),
+                default=Value(None),
+                output_field=BinaryField(),
+            )
+        )
+        .values_list(*lookups.values())
+        .order_by("id")
+    )
+    tasks = []
+    for row in rows:
+        fields = dict(zip(lookups, row, strict=True))
+        fields["body"] = None if fields["body"] is None else bytes(fields["body"])
+        tasks.append(Task(**fields))
+    return tasks
+
+
+def test_a_claim_loads_tasks_as_the_orm_reads_them(entrypoint, make_target):
+    """Every column of a task, on both databases: datetimes aware, the code a UUID,
+    header lines decoded, small bodies inline and large ones left for attempt time."""
+    from deliveries.engine.claims import load_tasks
+    from deliveries.engine.task import INLINE_BODY_LIMIT
+
+    make_target(url="http://127.0.0.1:9/x", max_retries=3)
+    small, large = store(
+        entrypoint, headers=[["Content-Type", "application/json"], ["X-Ünïcode", "ö ✓"]]
+    ) + store(entrypoint, body=b"x" * (INLINE_BODY_LIMIT + 1))
+    Event.objects.filter(id=small.id).update(
+        query_string="a=1&b=%C3%B6",
+        event_type="order.paid",
+        provider_id="evt_1",
+        traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+    )
+    first = Delivery.objects.get(event=small)
+    Delivery.objects.filter(id=first.id).update(
+        status="retrying", attempts=2, next_attempt_at=timezone.now()
+    )
+    done = Delivery.objects.get(event=large)
+    store(entrypoint)
+    Delivery.objects.exclude(event__in=[small, large]).update(status="delivered")
+    ids = list(Delivery.objects.order_by("id").values_list("id", flat=True))
+
+    tasks = load_tasks(ids)
+
+    assert tasks == orm_tasks(ids)
+    assert [t.delivery_id for t in tasks] == [first.id, done.id]  # the delivered one is not
+    assert tasks[0].body == small.body and tasks[1].body is None
+    assert tasks[0].headers[1] == ["X-Ünïcode", "ö ✓"]
+    assert tasks[0].next_attempt_at.tzinfo is not None
+
+
+def test_the_claims_statements_are_built_once(entrypoint, make_target):
+    """A claim of one row and one of many run the same statement text, and an
+    ordered lane's next head is one statement: nothing built per claim."""
+    from deliveries.engine.claims import load_tasks
+
+    target = make_target(url="http://127.0.0.1:9/x", ordered=True)
+    store(entrypoint, n=3)
+    ids = list(Delivery.objects.order_by("id").values_list("id", flat=True))
+    texts = []
+
+    def record(execute, sql, params, many, context):
+        texts.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        load_tasks(ids[:1])
+        load_tasks(ids)
+        load_tasks(ids[1:])
+    assert len(texts) == 3 and len(set(texts)) == 1
+
+    engine = make_engine()
+    engine.targets.load({target.id})
+    texts.clear()
+    with connection.execute_wrapper(record):
+        assert engine.intake.head(target.id) == 1
+    assert [task.delivery_id for task in engine.channel.drain()] == ids[:1]
+    assert len(texts) == 2  # the head's row, then its task
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's planner; see the test")
+def test_the_claims_statements_use_the_indexes(entrypoint, make_target):
+    """The ids of a load come as a JSON array on SQLite: it must still look each up
+    (never scan the deliveries), and a lane's head must come through a target index."""
+    from deliveries.engine import statements
+
+    make_target(url="http://127.0.0.1:9/x", ordered=True)
+    store(entrypoint, n=3)
+    with connection.cursor() as cursor:
+        sql = statements.for_vendor("sqlite")
+        cursor.execute("EXPLAIN QUERY PLAN " + sql["load"], ["[1, 2, 3]", "pending", "retrying"])
+        load = " / ".join(row[-1] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql["head"], [1, "pending", "retrying"])
+        head = " / ".join(row[-1] for row in cursor.fetchall())
+    assert "SEARCH d USING" in load and "SCAN d" not in load, load
+    assert "SEARCH d USING INDEX delivery_target" in head, head
+    assert "SCAN d" not in head, head
+
+
 # --- the result writer --------------------------------------------------------
 
 
@@ -532,7 +651,7 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
             request_headers=(("X-A", "1"), ("X-A", "2")),
             response_headers="Server: x",
         ),
-        Outcome(success=False, error="connection refused\nConnectionError: …"),
+        Outcome(success=False, error="connection refused\nConnectionError: …", failure="network"),
         Outcome(success=True, status_code=204),
     ]
     batch = [
@@ -556,8 +675,13 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
         from tests.support.database import prepared
 
         assert prepared(queries[0]["sql"]) == 1  # on the server, once
-    else:
-        assert len([q for q in queries if q["sql"].startswith("INSERT")]) == 1
+    else:  # the statements built once: the existing ids, then each batch of rows
+        statements = [q["sql"].split(": ", 1)[-1].split(" ", 1)[0] for q in queries]
+        assert [s for s in statements if s in ("SELECT", "UPDATE", "INSERT")] == [
+            "SELECT",
+            "UPDATE",
+            "INSERT",
+        ], queries
     rows = list(
         DeliveryResult.objects.order_by("id").values(
             "delivery_id",
@@ -570,9 +694,13 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
             "request_headers",
             "response_headers",
             "error",
+            "failure",
             "duration_ms",
+            "created_at",
         )
     )
+    written_at = {row.pop("created_at") for row in rows}
+    assert len(written_at) == 1 and abs(timezone.now() - written_at.pop()).total_seconds() < 60
     assert rows == [
         {
             "delivery_id": first.delivery_id,
@@ -585,6 +713,7 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
             "request_headers": [["X-A", "1"], ["X-A", "2"]],
             "response_headers": "Server: x",
             "error": "",
+            "failure": "",
             "duration_ms": 12,
         },
         {
@@ -598,6 +727,7 @@ def test_written_results_read_back_exactly(entrypoint, make_target):
             "request_headers": [],
             "response_headers": "",
             "error": "connection refused\nConnectionError: …",
+            "failure": "network",
             "duration_ms": 0,
         },
     ]

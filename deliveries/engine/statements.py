@@ -1,0 +1,150 @@
+"""The claim's statements, named in one place and built once per database vendor.
+
+A claim reads rows in two steps (claims.py): candidates, then the tasks of the
+ones it owns. An ordered lane does both for every delivery it sends, one at a
+time, so building them through the ORM on each claim (joins, a `CASE`, lookups
+compiled again) cost an engine more than running them. Here they are text built
+once, with the ids as one parameter whatever their number: an array on
+PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
+connection), a JSON array read by `json_each` on SQLite.
+
+The columns are the models' own (`_meta`), and `loaded` turns each database's
+values into what the ORM would have given: tests/engine/test_engine_steps.py
+checks a task loaded here against one loaded through the ORM, on both databases.
+"""
+
+import datetime
+import functools
+import json
+import uuid
+
+from django.db import connection
+
+from deliveries.engine.task import INLINE_BODY_LIMIT
+from deliveries.models import Delivery, Event, Target
+
+# Task field -> (table alias, model field): one row per claimed delivery.
+TASK_COLUMNS = {
+    "delivery_id": ("d", "id"),
+    "status": ("d", "status"),
+    "attempts": ("d", "attempts"),
+    "next_attempt_at": ("d", "next_attempt_at"),
+    "event_id": ("d", "event"),
+    "event_code": ("e", "code"),
+    "webhook_id": ("e", "webhook"),
+    "target_id": ("d", "target"),
+    "method": ("e", "method"),
+    "headers": ("e", "headers"),
+    "content_type": ("e", "content_type"),
+    "body_size": ("e", "body_size"),
+    "received_at": ("e", "received_at"),
+    "query_string": ("e", "query_string"),
+    "body": ("e", "body"),  # only when at most INLINE_BODY_LIMIT bytes (see below)
+    "event_type": ("e", "event_type"),
+    "provider_id": ("e", "provider_id"),
+    "entrypoint_id": ("e", "entrypoint"),
+    "traceparent": ("e", "traceparent"),
+}
+MODELS = {"d": Delivery, "e": Event, "t": Target}
+
+
+def column(alias: str, name: str) -> str:
+    quote = connection.ops.quote_name
+    return f"{alias}.{quote(MODELS[alias]._meta.get_field(name).column)}"
+
+
+@functools.cache
+def for_vendor(vendor: str) -> dict[str, str]:
+    """The claim's statements for this database, built once."""
+    quote = connection.ops.quote_name
+    delivery, event, target = (quote(MODELS[a]._meta.db_table) for a in "det")
+    if vendor == "postgresql":
+        ids = "= ANY(%s::bigint[])"
+    else:
+        ids = "IN (SELECT value FROM json_each(%s))"
+    unfinished = f"{column('d', 'status')} IN (%s, %s)"
+    joined = f"{delivery} d JOIN {event} e ON e.id = {column('d', 'event')}"
+    select = []
+    for field, (alias, name) in TASK_COLUMNS.items():
+        if field == "body":
+            # Small bodies ride along with their task (task.py); large ones are
+            # read at attempt time.
+            select.append(
+                f"CASE WHEN {column('e', 'body_size')} <= {INLINE_BODY_LIMIT:d} "
+                f"THEN {column(alias, name)} END"
+            )
+        else:
+            select.append(column(alias, name))
+    return {
+        # The tasks of claimed deliveries still unfinished: parameters, the ids
+        # (see ids_parameter) and Delivery.UNFINISHED.
+        "load": (
+            f"SELECT {', '.join(select)} FROM {joined} "
+            f"WHERE d.id {ids} AND {unfinished} ORDER BY d.id"
+        ),
+        # An ordered target's next delivery, as a candidate row (claims.Claimer):
+        # parameters, the target's id and Delivery.UNFINISHED.
+        "head": (
+            f"SELECT d.id, {column('d', 'status')}, {column('d', 'target')}, "
+            f"{column('t', 'max_queue_size')} FROM {joined} "
+            f"JOIN {target} t ON t.id = {column('d', 'target')} "
+            f"WHERE {column('d', 'target')} = %s AND {unfinished} "
+            f"ORDER BY {column('e', 'received_at')}, {column('d', 'event')}, d.id LIMIT 1"
+        ),
+    }
+
+
+def ids_parameter(ids: list[int]):
+    return ids if connection.vendor == "postgresql" else json.dumps(ids)
+
+
+def cursor():
+    """PostgreSQL's prepared cursor (webhooker/db/postgresql) or Django's own."""
+    if connection.vendor == "postgresql":
+        return connection.prepared_cursor()
+    return connection.cursor()
+
+
+def run(name: str, params: list) -> list[tuple]:
+    with cursor() as c:
+        c.execute(for_vendor(connection.vendor)[name], params)
+        return c.fetchall()
+
+
+def _aware(value):
+    """SQLite gives a DateTimeField naive, in UTC (Django's ORM makes it aware)."""
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=datetime.UTC)
+
+
+def _uuid(value):
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(value)
+
+
+def _json(value):
+    # Django loads jsonb as text on PostgreSQL too, for JSONField to decode.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _bytes(value):
+    return None if value is None else bytes(value)
+
+
+# What each database's values need to become what the ORM gives.
+CONVERT = {
+    "next_attempt_at": _aware,
+    "received_at": _aware,
+    "event_code": _uuid,
+    "headers": _json,
+    "body": _bytes,
+}
+
+
+def loaded(row: tuple) -> dict:
+    """A `load` row as Task fields."""
+    fields = dict(zip(TASK_COLUMNS, row, strict=True))
+    for name, convert in CONVERT.items():
+        fields[name] = convert(fields[name])
+    fields["headers"] = fields["headers"] or []
+    return fields
