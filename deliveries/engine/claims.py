@@ -89,7 +89,7 @@ def load_tasks(ids) -> list[Task]:
     ids = list(ids)
     tasks = []
     for start in range(0, len(ids), LOAD_CHUNK):
-        params = [statements.ids_parameter(ids[start : start + LOAD_CHUNK]), *Delivery.UNFINISHED]
+        params = [statements.ids_parameter(ids[start : start + LOAD_CHUNK])]
         tasks += [Task(**statements.loaded(row)) for row in statements.run("load", params)]
     return tasks
 

@@ -212,7 +212,7 @@ class Intake:
         if not targets.begin_head(target_id):
             return 0  # its head is in flight, or another thread is reading it
         try:
-            head = statements.run("head", [target_id, *Delivery.UNFINISHED])
+            head = statements.run("head", [target_id])
             if not head:
                 targets.rest_lane(target_id)  # noted again when a delivery comes
                 return 0

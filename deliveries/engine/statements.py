@@ -6,7 +6,8 @@ time, so building them through the ORM on each claim (joins, a `CASE`, lookups
 compiled again) cost an engine more than running them. Here they are text built
 once, with the ids as one parameter whatever their number: an array on
 PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
-connection), a JSON array read by `json_each` on SQLite.
+connection), a JSON array read by `json_each` on SQLite. The head is planned on
+each run (PREPARED says why).
 
 The columns are the models' own (`_meta`), and `loaded` turns each database's
 values into what the ORM would have given: tests/engine/test_engine_steps.py
@@ -62,7 +63,9 @@ def for_vendor(vendor: str) -> dict[str, str]:
         ids = "= ANY(%s::bigint[])"
     else:
         ids = "IN (SELECT value FROM json_each(%s))"
-    unfinished = f"{column('d', 'status')} IN (%s, %s)"
+    # Literals, not parameters: a partial index (delivery_target_unfinished_idx)
+    # serves a query only when its text implies the index's condition.
+    unfinished = f"{column('d', 'status')} IN ({', '.join(map(literal, Delivery.UNFINISHED))})"
     joined = f"{delivery} d JOIN {event} e ON e.id = {column('d', 'event')}"
     select = []
     for field, (alias, name) in TASK_COLUMNS.items():
@@ -76,14 +79,14 @@ def for_vendor(vendor: str) -> dict[str, str]:
         else:
             select.append(column(alias, name))
     return {
-        # The tasks of claimed deliveries still unfinished: parameters, the ids
-        # (see ids_parameter) and Delivery.UNFINISHED.
+        # The tasks of claimed deliveries still unfinished: one parameter, the ids
+        # (ids_parameter).
         "load": (
             f"SELECT {', '.join(select)} FROM {joined} "
             f"WHERE d.id {ids} AND {unfinished} ORDER BY d.id"
         ),
         # An ordered target's next delivery, as a candidate row (claims.Claimer):
-        # parameters, the target's id and Delivery.UNFINISHED.
+        # one parameter, the target's id.
         "head": (
             f"SELECT d.id, {column('d', 'status')}, {column('d', 'target')}, "
             f"{column('t', 'max_queue_size')} FROM {joined} "
@@ -98,15 +101,23 @@ def ids_parameter(ids: list[int]):
     return ids if connection.vendor == "postgresql" else json.dumps(ids)
 
 
-def cursor():
-    """PostgreSQL's prepared cursor (webhooker/db/postgresql) or Django's own."""
-    if connection.vendor == "postgresql":
-        return connection.prepared_cursor()
-    return connection.cursor()
+def literal(value: str) -> str:
+    if not value.isidentifier():
+        raise ValueError(f"not a plain word: {value!r}")
+    return f"'{value}'"
+
+
+# Statements PostgreSQL plans once per connection (webhooker/db/postgresql's
+# prepared cursor): a lookup by primary key, whose best plan is the same whatever
+# the values. `head` is planned on each run, as the ORM's queries are: how many
+# unfinished deliveries its target has decides between that target's index and
+# walking events by time, and a generic plan walked every event.
+PREPARED = frozenset({"load"})
 
 
 def run(name: str, params: list) -> list[tuple]:
-    with cursor() as c:
+    prepared = connection.vendor == "postgresql" and name in PREPARED
+    with connection.prepared_cursor() if prepared else connection.cursor() as c:
         c.execute(for_vendor(connection.vendor)[name], params)
         return c.fetchall()
 
