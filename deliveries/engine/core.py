@@ -244,10 +244,11 @@ class Engine:
 
     def schedule(self, task: Task, due: float) -> None:
         """Hand the task to the retry scheduler, which takes its own reference."""
-        if not self.partitions.holds(task.target_id):
+        if task.unwritten is None and not self.partitions.holds(task.target_id):
             # The lock connection went: another engine may own the row now. Its
             # committed status (retrying, next_attempt_at) is what the next owner
-            # reads; an unwritten result is dropped rather than written over it.
+            # reads. A result not written yet stays: the writer writes it only
+            # under its own epoch (handover.Handover.drop_all).
             self.let_stale_go(task)
         elif self.scheduler.schedule(task, due):
             self.inflight.release(task.delivery_id)

@@ -62,8 +62,7 @@ class Handover:
         waiting = engine.scheduler.take(lambda t: ours(t.target_id) and t.unwritten is None)
         waiting += engine.channel.take(lambda t: ours(t.target_id) and t.unwritten is None)
         waiting += engine.targets.forget_where(ours)
-        for task in waiting:
-            engine.release(task)  # rows keep their status; retrying ones their time
+        self._let_go(waiting)  # rows keep their status; retrying ones their time
         held = {target_id % count for target_id in engine.targets.held_targets()}
         return sorted(draining - held)
 
@@ -73,13 +72,27 @@ class Handover:
 
     def drop_all(self) -> frozenset:
         """The lock connection is gone, and every partition with it: stop attempting
-        in all of them at once, and drop their work from memory without writing
-        anything (another engine may own their rows now). Attempts already running
-        finish; their results are written only if their epoch is still current
-        (writer.py). Return what was held."""
+        in all of them at once, and drop their work from memory (another engine may
+        own their rows now). Attempts already running finish. Results not written
+        yet stay, as in a drain: their attempts were sent, and each is written
+        under its own epoch, which the writer checks (writer.py). Still current
+        (nobody took the partition yet), or taken again by this engine at the very
+        next one (Partitions.retaken), it is written and the receiver gets the
+        event once; another engine's take refuses it, and that engine sends the
+        event again, as it must. Return what was held."""
         engine = self.engine
         was = self.partitions.drop_all()  # first: no claim, no attempt from here on
-        waiting = engine.scheduler.take(lambda t: True) + engine.channel.drain()
-        for task in waiting + engine.targets.forget_where(lambda target_id: True):
-            engine.release(task)
+        waiting = engine.scheduler.take(lambda t: t.unwritten is None)
+        waiting += engine.channel.take(lambda t: t.unwritten is None)
+        waiting += engine.targets.forget_where(lambda target_id: True)
+        self._let_go(waiting)
         return was
+
+    def _let_go(self, tasks) -> None:
+        """Release waiting tasks; one parked at its target's gate with a result not
+        written yet goes to the scheduler instead, to write it at once."""
+        for task in tasks:
+            if task.unwritten is None:
+                self.engine.release(task)
+            else:
+                self.engine.schedule(task, self.engine.clock())

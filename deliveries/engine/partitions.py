@@ -155,6 +155,19 @@ class Partitions:
             self.held = self.held | set(partitions)
             self._set(self.claimable | set(partitions), {**self.epochs, **(epochs or {})})
 
+    def retaken(self, fence) -> tuple[int, int] | None:
+        """The fence to write a refused result under, when this engine claims in
+        its partition now at the epoch right after `fence`'s: every take raises the
+        epoch by one, so nobody else took the partition in between, and nobody else
+        can have claimed the row. None otherwise."""
+        if fence is None:
+            return None
+        partition, epoch = fence
+        claimable, epochs = self.claims
+        if partition in claimable and epochs.get(partition) == epoch + 1:
+            return (partition, epoch + 1)
+        return None
+
     def forfeit(self, fence) -> bool:
         """A write under `fence` (partition, epoch) was refused: the partition's
         epoch moved on, so another engine took it while this one still believes in

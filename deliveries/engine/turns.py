@@ -69,7 +69,10 @@ class Turns:
         client's loop (completed() takes it from there)."""
         # Back from its transform (transformed()): the shaped copy, used this turn only.
         shaped, task.shaped = task.shaped, None
-        if task.unwritten is not None and self.partitions.holds(task.target_id):
+        if task.unwritten is not None:
+            # Its attempt was sent: the result is written under the epoch it was
+            # claimed in, which the writer checks, whether or not this engine
+            # holds the partition now (handover.Handover.drop_all).
             self.finish(task.unwritten)
             return False
         if not self.partitions.claimed_under(task.target_id, task.fence):
@@ -319,6 +322,14 @@ class Turns:
             return
         task.unwritten = None
         if written is Written.STALE:
+            fence = self.partitions.retaken(task.fence)
+            if fence is not None:
+                # Lost and taken back by this engine alone: the attempt was sent,
+                # and nobody else claimed the row meanwhile; its result is written
+                # under the new epoch rather than the event sent again.
+                task.fence, task.unwritten = fence, result
+                self._write(result)
+                return
             if self.partitions.forfeit(task.fence):
                 logger.warning(
                     "partition %s was taken from this engine (epoch %s is stale): "

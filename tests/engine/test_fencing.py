@@ -211,6 +211,82 @@ def test_a_stale_task_is_read_again_when_the_engine_took_its_partition_back(
     assert Delivery.objects.get().status == "delivered"
 
 
+def sent_but_unwritten(entrypoint, make_target, sink, monkeypatch):
+    """A fenced engine whose one attempt was sent and answered 200, and whose result's
+    write failed (PostgreSQL restarting): the result kept, to be written again."""
+    from django.db import OperationalError
+
+    from deliveries.engine import writer
+
+    engine, task = claimed(entrypoint, make_target(url=sink.url("/a")))
+    real = writer.write_results
+
+    def restarting(batch):
+        monkeypatch.setattr(writer, "write_results", real)
+        raise OperationalError("the database system is shutting down")
+
+    monkeypatch.setattr(writer, "write_results", restarting)
+    engine.process(task)
+    assert len(sink.requests("/a")) == 1 and task.unwritten is not None
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("taken_again_at", "requests"),
+    [
+        # By this engine alone: nobody else claimed the row, the result is written.
+        (2, 1),
+        # Another engine held the partition at epoch 2 meanwhile: the result is
+        # refused, and the event is read again and sent again, as at-least-once asks.
+        (3, 2),
+    ],
+)
+def test_a_result_whose_write_failed_survives_the_lock_connection_going(
+    entrypoint, make_target, sink, monkeypatch, taken_again_at, requests
+):
+    """PostgreSQL restarted with a result on its way: its write failed, and the lock
+    connection went with every partition. A fault run found such deliveries sent
+    again about 19 s later: dropped from memory with the partitions, then read
+    again by the take's recovery, though the engine had the result."""
+    postgresql_only()
+    engine = sent_but_unwritten(entrypoint, make_target, sink, monkeypatch)
+    handover = Handover(engine)
+    handover.drop_all()
+    Partition.objects.filter(number=0).update(epoch=taken_again_at)
+    assert handover.take({0: taken_again_at}) == 0  # the kept task is held: skipped
+
+    (kept,) = engine.scheduler.take(lambda t: True)
+    engine.process(kept)
+    if requests > 1:
+        engine.process(engine.channel.get(0))  # read again under the new epoch
+
+    assert len(sink.requests("/a")) == requests
+    assert Delivery.objects.get().status == "delivered"
+    assert DeliveryResult.objects.count() == 1
+    assert engine.inflight.held() == 0
+
+
+def test_a_kept_result_is_written_before_anyone_takes_the_partition_again(
+    entrypoint, make_target, sink, monkeypatch
+):
+    """No engine holds the partition yet: its epoch is still the task's, so the write
+    is fenced as it would be under the lock, and whoever takes the partition next
+    finds the delivery done."""
+    postgresql_only()
+    engine = sent_but_unwritten(entrypoint, make_target, sink, monkeypatch)
+    Handover(engine).drop_all()
+
+    (kept,) = engine.scheduler.take(lambda t: True)
+    engine.process(kept)
+
+    assert Delivery.objects.get().status == "delivered"
+    assert DeliveryResult.objects.count() == 1
+    assert engine.inflight.held() == 0
+    Partition.objects.filter(number=0).update(epoch=2)
+    assert Handover(engine).take({0: 2}) == 0
+    assert len(sink.requests("/a")) == 1
+
+
 def test_an_attempt_held_back_by_its_lease_leaves_the_breakers_probe_for_later(
     entrypoint, make_target, sink
 ):
