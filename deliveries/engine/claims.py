@@ -89,7 +89,8 @@ def load_tasks(ids) -> list[Task]:
     ids = list(ids)
     tasks = []
     for start in range(0, len(ids), LOAD_CHUNK):
-        params = [statements.ids_parameter(ids[start : start + LOAD_CHUNK])]
+        chunk = ids[start : start + LOAD_CHUNK]
+        params = [statements.ids_parameter(chunk), *Delivery.UNFINISHED]
         tasks += [Task(**statements.loaded(row)) for row in statements.run("load", params)]
     return tasks
 

@@ -63,9 +63,13 @@ def for_vendor(vendor: str) -> dict[str, str]:
         ids = "= ANY(%s::bigint[])"
     else:
         ids = "IN (SELECT value FROM json_each(%s))"
-    # Literals, not parameters: a partial index (delivery_target_unfinished_idx)
-    # serves a query only when its text implies the index's condition.
-    unfinished = f"{column('d', 'status')} IN ({', '.join(map(literal, Delivery.UNFINISHED))})"
+    status = column("d", "status")
+    # The head names the statuses as literals: a partial index
+    # (delivery_target_unfinished_idx) serves a query only when its text implies
+    # the index's condition. The load takes them as parameters, so that its
+    # prepared (generic) plan cannot prefer that index, scanned whole for the ids,
+    # to the primary key.
+    unfinished = f"{status} IN ({', '.join(map(literal, Delivery.UNFINISHED))})"
     joined = f"{delivery} d JOIN {event} e ON e.id = {column('d', 'event')}"
     select = []
     for field, (alias, name) in TASK_COLUMNS.items():
@@ -79,11 +83,11 @@ def for_vendor(vendor: str) -> dict[str, str]:
         else:
             select.append(column(alias, name))
     return {
-        # The tasks of claimed deliveries still unfinished: one parameter, the ids
-        # (ids_parameter).
+        # The tasks of claimed deliveries still unfinished: parameters, the ids
+        # (ids_parameter) and Delivery.UNFINISHED.
         "load": (
             f"SELECT {', '.join(select)} FROM {joined} "
-            f"WHERE d.id {ids} AND {unfinished} ORDER BY d.id"
+            f"WHERE d.id {ids} AND {status} IN (%s, %s) ORDER BY d.id"
         ),
         # An ordered target's next delivery, as a candidate row (claims.Claimer):
         # one parameter, the target's id.
