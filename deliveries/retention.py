@@ -6,11 +6,13 @@ what is left of it (one writer lock), and with the lock held half of the time, o
 in two does: batches sized by count hold it for as long as their events' rows take,
 which multiplies inbound p95 (bench/RESULTS.md). So on SQLite a batch is sized by
 time, not by count (`Pacer`): each
-transaction aims to hold the lock about HOLD (4 ms), the size following the rate
+transaction aims to hold the lock about HOLD (2 ms), the size following the rate
 the last batches showed (PostgreSQL keeps batches of SERVER_BATCH: its row locks
 hold up no inbound request), its events are chosen before the write transaction
-(READ_AHEAD at a time), and after each one the pruner pauses for as long as the
-batch held the lock, so writers waiting for it get at least half of the time.
+(READ_AHEAD at a time), and after each one the pruner pauses for twice as long as
+the batch held the lock, so writers waiting for it get two thirds of the time.
+A request that arrives during a batch waits for the rest of it: the shorter
+the batch, the less its p95 grows, at the cost of the prune's own speed.
 
 Space: deleted rows leave free pages inside the SQLite file. A database created
 with PRAGMA auto_vacuum=INCREMENTAL (the backend, webhooker/db/sqlite, sets it on a
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 # How long each prune transaction aims to hold the writer lock: what it may add
 # to an inbound request that arrives meanwhile (SQLite has one writer).
-HOLD = 0.004
+HOLD = 0.002
 # Events in the first transaction, before the pruner has measured any; and the
 # most in one.
 FIRST_BATCH = 10
@@ -48,8 +50,10 @@ MAX_BATCH = 1000
 SERVER_BATCH = 100
 # Candidate events read at a time, for as many batches as they make.
 READ_AHEAD = 1000
-# After each batch, pause this many times as long as the batch took.
-YIELD = 1.0
+# After each batch, pause this many times as long as the batch took: on SQLite,
+# where it held the one writer lock, and on PostgreSQL, where it did not.
+YIELD = 2.0
+SERVER_YIELD = 1.0
 # Body bytes in one transaction at most (at least one event): with large bodies the
 # pacer's floor of FIRST_BATCH events would hold the lock far past HOLD.
 MAX_BATCH_BYTES = 1 << 20
@@ -112,6 +116,7 @@ def prune_events(
         # transactions costs round trips: paced to HOLD it would delete an event
         # at a time.
         pacer = Pacer(hold=None, first=SERVER_BATCH)
+    pause = YIELD if connection.vendor == "sqlite" else SERVER_YIELD
     removed = Counter()
     for webhook_id, days in Webhook.objects.values_list("id", "retention_days"):
         try:
@@ -145,7 +150,7 @@ def prune_events(
                 removed += deleted
                 removed["body files"] += _discard_unnamed(files)
                 pacer.record(len(batch_ids), held)
-                if stop.wait(held * YIELD):
+                if stop.wait(held * pause):
                     return removed
     # API keys' Idempotency-Key records past their day (deliveries/api/idempotency.py).
     removed["idempotency keys"] = IdempotentRequest.objects.filter(
