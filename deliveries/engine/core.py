@@ -29,6 +29,7 @@ from deliveries.engine.channel import Channel
 from deliveries.engine.claims import Claimer
 from deliveries.engine.config import EngineConfig
 from deliveries.engine.control import TargetControl
+from deliveries.engine.handover import let_go
 from deliveries.engine.inflight import InflightSet
 from deliveries.engine.intake import Intake
 from deliveries.engine.partitions import Partitions
@@ -156,9 +157,8 @@ class Engine:
 
     def _let_go(self, target: EngineTarget) -> None:
         """Drop the target's waiting tasks from memory; attempts running finish."""
-        waiting = self.scheduler.take(lambda t: t.target_id == target.id)
-        for task in waiting + target.forget():
-            self.release(task)
+        waiting = self.scheduler.take(lambda t: t.target_id == target.id and t.unwritten is None)
+        let_go(self, waiting + target.forget())
 
     def _take_up(self, target: EngineTarget) -> None:
         """Read the target's unfinished deliveries again, from the oldest."""

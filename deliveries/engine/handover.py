@@ -7,7 +7,8 @@ lease); this module does it, and is the one writer of the engine's `Partitions`.
 * drain: claim nothing more there, let go of their waiting tasks; a partition is
   drained once nothing of it is held (every running attempt's result committed),
   and only then unlocked: a planned hand-over sends nothing twice.
-* drop: the lock connection is gone; every partition at once, nothing written.
+* drop: the lock connection is gone; every partition at once. Only results not
+  written yet stay, each written under its own epoch (drop_all).
 """
 
 from deliveries.engine.partitions import in_partitions
@@ -89,10 +90,15 @@ class Handover:
         return was
 
     def _let_go(self, tasks) -> None:
-        """Release waiting tasks; one parked at its target's gate with a result not
-        written yet goes to the scheduler instead, to write it at once."""
-        for task in tasks:
-            if task.unwritten is None:
-                self.engine.release(task)
-            else:
-                self.engine.schedule(task, self.engine.clock())
+        let_go(self.engine, tasks)
+
+
+def let_go(engine, tasks) -> None:
+    """Release waiting tasks. One holding a result not written yet (parked at its
+    target's gate) goes to the scheduler instead, to write it at once: its attempt
+    was sent, and only its result keeps the event from being sent again."""
+    for task in tasks:
+        if task.unwritten is None:
+            engine.release(task)
+        else:
+            engine.schedule(task, engine.clock())

@@ -428,6 +428,7 @@ class PartitionManager:
                         break
                     taken.append(p)
                     epoch, wait = row
+                    self.partitions.took(p, epoch)
                     # Locked is owned: used once the previous holder's lease is over.
                     self._taken[p] = (epoch, self.clock() + wait)
             if taken:

@@ -93,6 +93,11 @@ def in_partitions(queryset, partitions, count: int, field: str = "target_id"):
     return queryset.alias(partition=F(field) % count).filter(partition__in=sorted(partitions))
 
 
+# Epochs remembered per partition for retaken(): a result kept across more of this
+# engine's own takes than this is let go (its event sent again, at least once).
+TOOK_KEPT = 16
+
+
 class Partitions:
     """Which partitions this engine may claim in and attempt in, under which epoch.
 
@@ -112,6 +117,8 @@ class Partitions:
         initial = frozenset(range(count) if held is None else held)
         self.held = initial
         self._set(initial, {})
+        # The epochs this engine's takes raised each partition to (took()).
+        self._took: dict[int, set[int]] = {}
 
     def _set(self, claimable, epochs) -> None:
         # `claims` pairs the two, replaced in one assignment: a claimant reads
@@ -154,19 +161,35 @@ class Partitions:
         with self._lock:
             self.held = self.held | set(partitions)
             self._set(self.claimable | set(partitions), {**self.epochs, **(epochs or {})})
+        for partition, epoch in (epochs or {}).items():
+            self.took(partition, epoch)
+
+    def took(self, partition: int, epoch: int) -> None:
+        """This engine's take raised the partition's epoch to `epoch`: recorded as
+        the take commits (partition_manager.py), before the partition is put to
+        use (take())."""
+        with self._lock:
+            epochs = self._took.setdefault(partition, set())
+            epochs.add(epoch)
+            while len(epochs) > TOOK_KEPT:
+                epochs.discard(min(epochs))
 
     def retaken(self, fence) -> tuple[int, int] | None:
-        """The fence to write a refused result under, when this engine claims in
-        its partition now at the epoch right after `fence`'s: every take raises the
-        epoch by one, so nobody else took the partition in between, and nobody else
-        can have claimed the row. None otherwise."""
+        """The fence to write a refused result under: the latest epoch of its
+        partition such that every take after `fence`'s was this engine's. Every
+        take raises the epoch by one, so nobody else held the partition in
+        between, and nobody else can have claimed the row; the writer's fence
+        still refuses the write if another engine takes it meanwhile. None when
+        another engine's take came first (or no take of this engine followed)."""
         if fence is None:
             return None
         partition, epoch = fence
-        claimable, epochs = self.claims
-        if partition in claimable and epochs.get(partition) == epoch + 1:
-            return (partition, epoch + 1)
-        return None
+        with self._lock:
+            took = self._took.get(partition, ())
+            latest = epoch
+            while latest + 1 in took:
+                latest += 1
+        return (partition, latest) if latest > epoch else None
 
     def forfeit(self, fence) -> bool:
         """A write under `fence` (partition, epoch) was refused: the partition's

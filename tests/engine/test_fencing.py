@@ -8,6 +8,7 @@ import time
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from deliveries.engine.handover import Handover
 from deliveries.engine.lease import Lease
@@ -15,7 +16,7 @@ from deliveries.engine.lock import open_raw_connection
 from deliveries.engine.partition_manager import PartitionManager
 from deliveries.engine.partitions import LOCK_NAMESPACE, Partitions
 from deliveries.engine.writer import Written
-from deliveries.models import Delivery, DeliveryResult, EngineStatus, Partition
+from deliveries.models import Delivery, DeliveryResult, EngineStatus, Partition, Target
 from tests.support.clock import FakeClock
 from tests.support.engines import make_engine, store
 from tests.support.processes import wait_until
@@ -263,6 +264,55 @@ def test_a_result_whose_write_failed_survives_the_lock_connection_going(
     assert len(sink.requests("/a")) == requests
     assert Delivery.objects.get().status == "delivered"
     assert DeliveryResult.objects.count() == 1
+    assert engine.inflight.held() == 0
+
+
+@pytest.mark.parametrize("takes", [[2], [2, 3]])
+def test_a_kept_result_is_written_under_this_engines_take_before_the_take_is_used(
+    entrypoint, make_target, sink, monkeypatch, takes
+):
+    """The take's epoch commits before the engine puts the partition to use (its
+    recovery runs later in the step, or after a previous holder's lease): a kept
+    result retried in between is refused by the fence, yet every take since its
+    epoch was this engine's, so it is written under the latest, and the take's
+    recovery then finds the delivery done. Also across two takes of this engine's
+    with none of another's between."""
+    postgresql_only()
+    engine = sent_but_unwritten(entrypoint, make_target, sink, monkeypatch)
+    handover = Handover(engine)
+    handover.drop_all()
+    for epoch in takes:  # what the partition manager records as each TAKE commits
+        Partition.objects.filter(number=0).update(epoch=epoch)
+        engine.partitions.took(0, epoch)
+
+    (kept,) = engine.scheduler.take(lambda t: True)
+    engine.process(kept)
+    assert Delivery.objects.get().status == "delivered"
+    assert handover.take({0: takes[-1]}) == 0
+
+    assert len(sink.requests("/a")) == 1
+    assert DeliveryResult.objects.count() == 1
+    assert engine.inflight.held() == 0
+
+
+def test_a_kept_result_outlives_its_target_being_made_ordered(
+    entrypoint, make_target, sink, monkeypatch
+):
+    """A target whose order changes has its waiting tasks dropped and its rows read
+    again from the oldest. A task holding a result not written yet stays (held,
+    so the new read skips its row) and writes it: the event is sent once."""
+    postgresql_only()
+    engine = sent_but_unwritten(entrypoint, make_target, sink, monkeypatch)
+    Target.objects.update(ordered=True, updated_at=timezone.now())
+    engine.refresh_targets(force=True)
+
+    (kept,) = engine.scheduler.take(lambda t: True)
+    engine.process(kept)
+    while engine.process_one():
+        pass
+
+    assert len(sink.requests("/a")) == 1
+    assert Delivery.objects.get().status == "delivered"
     assert engine.inflight.held() == 0
 
 
