@@ -77,10 +77,10 @@ class Handover:
         own their rows now). Attempts already running finish. Results not written
         yet stay, as in a drain: their attempts were sent, and each is written
         under its own epoch, which the writer checks (writer.py). Still current
-        (nobody took the partition yet), or taken again by this engine at the very
-        next one (Partitions.retaken), it is written and the receiver gets the
-        event once; another engine's take refuses it, and that engine sends the
-        event again, as it must. Return what was held."""
+        (nobody took the partition yet), or taken since by this engine alone
+        (Partitions.retaken), it is written and the receiver gets the event once;
+        another engine's take refuses it, and that engine sends the event again,
+        as it must. Return what was held."""
         engine = self.engine
         was = self.partitions.drop_all()  # first: no claim, no attempt from here on
         waiting = engine.scheduler.take(lambda t: t.unwritten is None)
