@@ -63,7 +63,7 @@ class Handover:
         waiting = engine.scheduler.take(lambda t: ours(t.target_id) and t.unwritten is None)
         waiting += engine.channel.take(lambda t: ours(t.target_id) and t.unwritten is None)
         waiting += engine.targets.forget_where(ours)
-        self._let_go(waiting)  # rows keep their status; retrying ones their time
+        let_go(engine, waiting)  # rows keep their status; retrying ones their time
         held = {target_id % count for target_id in engine.targets.held_targets()}
         return sorted(draining - held)
 
@@ -86,11 +86,8 @@ class Handover:
         waiting = engine.scheduler.take(lambda t: t.unwritten is None)
         waiting += engine.channel.take(lambda t: t.unwritten is None)
         waiting += engine.targets.forget_where(lambda target_id: True)
-        self._let_go(waiting)
+        let_go(engine, waiting)
         return was
-
-    def _let_go(self, tasks) -> None:
-        let_go(self.engine, tasks)
 
 
 def let_go(engine, tasks) -> None:

@@ -92,7 +92,7 @@ def for_vendor(vendor: str) -> dict[str, str]:
         # An ordered target's next delivery, as a candidate row (claims.Claimer):
         # one parameter, the target's id.
         "head": (
-            f"SELECT d.id, {column('d', 'status')}, {column('d', 'target')}, "
+            f"SELECT d.id, {status}, {column('d', 'target')}, "
             f"{column('t', 'max_queue_size')} FROM {joined} "
             f"JOIN {target} t ON t.id = {column('d', 'target')} "
             f"WHERE {column('d', 'target')} = %s AND {unfinished} "

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection, models, transaction
+from django.db import connection, transaction
 from django.db.models import Exists, Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
@@ -336,10 +336,11 @@ def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
         cursor.execute(statements["existing"], [json.dumps([row[-1] for row in statuses])])
         existing = {id_ for (id_,) in cursor.fetchall()}
         cursor.executemany(statements["status"], [row for row in statuses if row[-1] in existing])
+        fields = _result_fields()
         cursor.executemany(
             statements["result"],
             [
-                [adapt(row[name]) for name, adapt in _sqlite_result_columns()]
+                [field.get_db_prep_save(row[field.attname], connection) for field in fields]
                 for row in results
                 if row["delivery_id"] in existing
             ],
@@ -349,40 +350,6 @@ def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
 
 def _result_fields():
     return [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
-
-
-@functools.cache
-def _sqlite_result_columns() -> tuple:
-    """(attname, adapter) of each result column: what Field.get_db_prep_save does
-    for these fields on SQLite, chosen once rather than dispatched per value.
-    tests/engine/test_engine_steps.py reads every column back."""
-    adapters = {
-        models.JSONField: lambda value: connection.ops.adapt_json_value(value, None),
-        models.DateTimeField: connection.ops.adapt_datetimefield_value,
-    }
-    columns = []
-    for field in _result_fields():
-        kind = next((k for k in adapters if isinstance(field, k)), None)
-        if kind is None and field.get_internal_type() not in PLAIN:
-            raise TypeError(f"{field}: no SQLite adapter for {field.get_internal_type()}")
-        columns.append((field.attname, adapters.get(kind, _as_is)))
-    return tuple(columns)
-
-
-def _as_is(value):
-    return value
-
-
-# Field types whose Python values SQLite's driver takes as they are.
-PLAIN = {
-    "ForeignKey",
-    "PositiveIntegerField",
-    "BooleanField",
-    "TextField",
-    "CharField",
-    "IntegerField",
-    "BigIntegerField",
-}
 
 
 @functools.cache
