@@ -305,7 +305,11 @@ def _postgresql_statement() -> str:
         + f"r AS (INSERT INTO {quote(DeliveryResult._meta.db_table)} ({columns(results)}) "
         + f"SELECT {columns(results, 'v.')} "
         + f"FROM jsonb_to_recordset(%s::jsonb) AS v({record(results)}) "
-        + f"WHERE v.{quote(into)} IN (SELECT id FROM s)) "
+        + f"WHERE v.{quote(into)} IN (SELECT id FROM s) "
+        # A result written again after a write whose COMMIT's answer was lost (it
+        # committed) is not a second result of that attempt.
+        + f"AND NOT EXISTS (SELECT 1 FROM {quote(DeliveryResult._meta.db_table)} AS x "
+        + f"WHERE x.{quote(into)} = v.{quote(into)} AND x.attempt = v.attempt)) "
         # Which deliveries exist, and which of them were written.
         + f"SELECT d.id, d.id IN (SELECT id FROM s) FROM {deliveries} AS d "
         + "WHERE d.id = ANY(%s::bigint[])"

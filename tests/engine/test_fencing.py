@@ -583,3 +583,21 @@ def test_a_reconnecting_engine_ends_only_its_own_earlier_session():
     finally:
         namesake.close()
         first.close()
+
+
+def test_a_result_written_again_is_not_a_second_result_of_its_attempt(entrypoint, make_target):
+    """A write whose COMMIT's answer was lost did commit; the kept result is then
+    written again (drop_all keeps it): the attempt still has one result."""
+    postgresql_only()
+    from deliveries.engine.attempts import AttemptResult
+    from deliveries.engine.claims import load_tasks
+    from deliveries.engine.writer import write_results
+    from deliveries.targets.base import Outcome
+
+    make_target(url="http://127.0.0.1:9/x")
+    store(entrypoint)
+    [task] = load_tasks(Delivery.objects.values_list("id", flat=True))
+    result = AttemptResult(task, Outcome(success=True, status_code=200), "delivered", None, 3)
+    write_results([result])
+    write_results([result])
+    assert DeliveryResult.objects.count() == 1
