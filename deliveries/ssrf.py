@@ -65,17 +65,24 @@ def _embedded_ipv4(ip):
 
 def refusal(address: str) -> str | None:
     """Why `address` may not be a target, or None if it may."""
+    return _refusal(address, allowed_networks())
+
+
+# Every attempt to a target given by its IP address asks, and every new connection
+# for each address its name resolves to: the answers for the recent ones are kept.
+@functools.lru_cache(maxsize=4096)
+def _refusal(address: str, allowed: tuple) -> str | None:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    for network in allowed_networks():
+    for network in allowed:
         if ip.version == network.version and ip in network:
             return None
     embedded = _embedded_ipv4(ip)
     if embedded is not None:
-        for network in allowed_networks():
+        for network in allowed:
             if network.version == 4 and embedded in network:
                 return None
         # The IPv4 address inside decides: that is where the packets go.
-        reason = refusal(str(embedded))
+        reason = _refusal(str(embedded), allowed)
         return f"{reason} (inside {ip})" if reason else None
     if ip.is_loopback:
         return f"{ip} is a loopback address"

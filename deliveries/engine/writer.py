@@ -15,11 +15,11 @@ import functools
 import json
 import logging
 import queue
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
 from django.db.models import Exists, Q
 from django.db.utils import DatabaseError
 from django.utils import timezone
@@ -80,10 +80,17 @@ class ResultWriter:
         # the gathering of its batch at once.
         self.awaited = awaited
         self._queue = queue.SimpleQueue()
+        # Set when an awaited item is submitted, or a batch is full (the queue and
+        # the writer's first item): the gathering batch is written now.
+        # The writer waits on this, not on the queue, while it gathers, so that the
+        # results of a busy engine wake it once per batch, not once per result.
+        self._urgent = threading.Event()
         self.running = False
 
     def submit(self, item: AttemptResult | NotBefore) -> None:
         self._queue.put(item)
+        if self.awaited(item) or self._queue.qsize() + 1 >= self.MAX_BATCH:
+            self._urgent.set()
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -101,16 +108,17 @@ class ResultWriter:
                     if stop_event.is_set():
                         return
                     continue
+                if not self.awaited(first):
+                    self._urgent.wait(self.LINGER)
+                # Cleared before the queue is read: an awaited item submitted from
+                # here on is either in this batch or sets it again for the next.
+                self._urgent.clear()
                 batch = [first]
-                until = time.monotonic() + (0 if self.awaited(first) else self.LINGER)
                 while len(batch) < self.MAX_BATCH:
                     try:
-                        item = self._queue.get(timeout=max(0.0, until - time.monotonic()))
+                        batch.append(self._queue.get_nowait())
                     except queue.Empty:
                         break
-                    batch.append(item)
-                    if self.awaited(item):
-                        until = 0
                 connection.close_if_unusable_or_obsolete()
                 self.write(batch)
         finally:
@@ -340,11 +348,11 @@ def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
         cursor.execute(statements["existing"], [json.dumps([row[-1] for row in statuses])])
         existing = {id_ for (id_,) in cursor.fetchall()}
         cursor.executemany(statements["status"], [row for row in statuses if row[-1] in existing])
-        fields = _result_fields()
+        prepared = _preparers(connections[DEFAULT_DB_ALIAS])
         cursor.executemany(
             statements["result"],
             [
-                [field.get_db_prep_save(row[field.attname], connection) for field in fields]
+                [row[name] if prepare is None else prepare(row[name]) for name, prepare in prepared]
                 for row in results
                 if row["delivery_id"] in existing
             ],
@@ -354,6 +362,29 @@ def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
 
 def _result_fields():
     return [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
+
+
+# The result columns whose values the database takes in another form (JSON text,
+# datetimes as SQLite stores them): prepared by Django's own field. write_results
+# builds every other value as its column's type already (ints, bools, text), so
+# those go as they are: a Field's preparation per value, through the connection's
+# thread-local lookups, cost more than SQLite's whole INSERT.
+_ADAPTED = (models.JSONField, models.DateTimeField)
+
+
+def _preparers(db) -> list[tuple[str, Callable | None]]:
+    """(attname, what prepares its value for `db`, or None) per result column."""
+    return [
+        (
+            field.attname,
+            functools.partial(_prepare, field, db) if isinstance(field, _ADAPTED) else None,
+        )
+        for field in _result_fields()
+    ]
+
+
+def _prepare(field, db, value):
+    return field.get_db_prep_save(value, db)
 
 
 @functools.cache

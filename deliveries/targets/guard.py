@@ -11,6 +11,7 @@ checks those before the request starts.
 
 import asyncio
 import concurrent.futures
+import functools
 import ipaddress
 import socket
 
@@ -62,12 +63,21 @@ class GuardedResolver(AbstractResolver):
 def refused_literal(host: str) -> str | None:
     """Why a host given as an IP address may not be connected to, or None (also
     for a host that is a name: the resolver checks those)."""
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
+    if not is_literal(host):
         return None
     reason = ssrf.refusal(host)
     return f"{host} resolves to {reason}" if reason else None
+
+
+@functools.lru_cache(maxsize=1024)
+def is_literal(host: str) -> bool:
+    """Whether `host` is an IP address (asked for every attempt: the recent
+    answers are kept)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def blocked_reason(exc: BaseException) -> str | None:

@@ -1,3 +1,4 @@
+import functools
 import numbers
 import time
 import urllib.parse
@@ -233,10 +234,11 @@ class HttpTarget(transport.SendsHTTP):
                 config["basic_username"], config.get("basic_password", "")
             )
         query = "" if config.get("drop_query") else forwardable_query(task.query_string)
+        lines = list(headers.iteritems())
         req = transport.request(
             url,
             data=body,
-            headers=headers,
+            headers=lines,
             timeout=config.get("timeout"),
             forwarded=True,
             query=query,
@@ -249,8 +251,8 @@ class HttpTarget(transport.SendsHTTP):
             oauth=_oauth(config),
         )
         req.shown = {
-            "request_url": mask_url(with_query(url, query)),
-            "request_headers": masked_headers(headers.iteritems(), config.get("headers", {})),
+            "request_url": _shown_url(url, query),
+            "request_headers": masked_headers(lines, config.get("headers", {})),
         }
         return req
 
@@ -325,6 +327,13 @@ def _oauth(config: dict) -> egress.OAuth2 | None:
         scope=config.get("oauth_scope", ""),
         audience=config.get("oauth_audience", ""),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _shown_url(url: str, query: str) -> str:
+    """The URL an attempt went to, as its result shows it (most attempts of a
+    target go to the same one: the recent ones are kept)."""
+    return mask_url(with_query(url, query))
 
 
 def with_query(url: str, query: str) -> str:

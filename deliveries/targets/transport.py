@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import email.utils
 import functools
-import ipaddress
 import os
 import ssl
 import threading
@@ -48,7 +47,12 @@ from deliveries.targets.base import (
     TargetType,
 )
 from deliveries.targets.errors import connect_timed_out, describe, failure_class
-from deliveries.targets.guard import GuardedResolver, blocked_reason, refused_literal
+from deliveries.targets.guard import (
+    GuardedResolver,
+    blocked_reason,
+    is_literal,
+    refused_literal,
+)
 
 USER_AGENT = "webhooker/0.1"
 # The public roots requests ships (certifi's bundle).
@@ -130,7 +134,12 @@ def exact_headers(own: dict, headers, user_agent) -> CIMultiDict:
     are the target's configuration, which replaces what a sender sent, as
     configured headers do. Nothing else is added but Host and Content-Length."""
     named = {name.lower() for name in own}
-    lines = headers.iteritems() if hasattr(headers, "iteritems") else headers.items()
+    if hasattr(headers, "iteritems"):
+        lines = headers.iteritems()
+    elif hasattr(headers, "items"):
+        lines = headers.items()
+    else:
+        lines = headers  # (name, value) pairs
     exact = CIMultiDict((name, value) for name, value in lines if name.lower() not in named)
     exact.update(own)
     if user_agent and "User-Agent" not in exact:
@@ -178,10 +187,10 @@ def request(
     characters and, beside one stray "%", quotes every escape a second time: see
     http.forwardable_query), and sent as built, escapes in the sender's case.
 
-    `headers` (a mapping; an HTTPHeaderDict for repeated names) are sent exactly:
-    each line, in order, and no client defaults beside them. webhooker's own
-    messages (Slack, alerts) name it as their User-Agent; a `forwarded` event
-    carries only the sender's.
+    `headers` (a mapping, an HTTPHeaderDict for repeated names, or (name, value)
+    pairs) are sent exactly: each line, in order, and no client defaults beside
+    them. webhooker's own messages (Slack, alerts) name it as their User-Agent; a
+    `forwarded` event carries only the sender's.
 
     `timeout` (else DELIVERY_HTTP_TIMEOUT) bounds the whole attempt: connect, send,
     and the answer to its last byte read.
@@ -272,13 +281,13 @@ async def _vet_destination(req: Request) -> None:
     destination here first, as it would on a direct connection (a name that
     resolves to a blocked address never reaches the proxy)."""
     host = req.url.raw_host
-    if not _is_literal(host):  # a literal was vetted when the request was built
+    if not is_literal(host):  # a literal was vetted when the request was built
         await client.guard.resolve(host, req.url.port or 0)
     if not req.proxy.trusted:
         # A target's own proxy: connected to at the address the guard vetted, so a
         # name that answers otherwise a moment later (rebinding) changes nothing.
         proxy = yarl.URL(req.proxy.url)
-        if _is_literal(proxy.raw_host):
+        if is_literal(proxy.raw_host):
             reason = refused_literal(proxy.raw_host)
             if reason:
                 raise ssrf.BlockedAddress(f"proxy {reason}")
@@ -287,14 +296,6 @@ async def _vet_destination(req: Request) -> None:
             req.proxy = dataclasses.replace(
                 req.proxy, url=str(proxy.with_host(vetted[0]["host"])), trusted=True
             )
-
-
-def _is_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 async def _fetch_token(req: Request) -> tuple[int, bytes]:

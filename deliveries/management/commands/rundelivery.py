@@ -25,6 +25,7 @@ from deliveries.engine.partitions import PartitionMismatch, Partitions, SessionU
 from deliveries.engine.runner import Runner
 from deliveries.engine.wakeup import PostgresListener, SocketListener
 from deliveries.wake import socket_path
+from webhooker.runtime import tune_garbage_collector
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -98,6 +99,7 @@ class Command(BaseCommand):
         # format every query it runs and keep the last 9 000 per thread (it showed
         # in a profile of the engine, bench/RESULTS.md).
         settings.DEBUG = False
+        tune_garbage_collector()
         config = EngineConfig.from_settings(
             workers=options["workers"],
             channel_size=options["channel_size"],
