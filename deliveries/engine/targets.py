@@ -86,11 +86,13 @@ FIELDS = (
 class TargetState:
     """One target's row as of its `updated_at`; replaced whole, never changed."""
 
-    __slots__ = FIELDS
+    __slots__ = (*FIELDS, "unreadable")
 
     def __init__(self, row: dict):
         for name in FIELDS:
             object.__setattr__(self, name, row[name])
+        # Asked on every attempt; the row never changes.
+        object.__setattr__(self, "unreadable", self._unreadable())
 
     def __setattr__(self, name, value):
         raise AttributeError("a TargetState is replaced, not changed")
@@ -98,8 +100,7 @@ class TargetState:
     def __repr__(self):
         return f"<TargetState {self.id} {self.type} v{self.updated_at:%H:%M:%S.%f}>"
 
-    @property
-    def unreadable(self) -> str:
+    def _unreadable(self) -> str:
         """Which of its stored secrets no encryption key opens, in words ("" if none)."""
         if encryption.unreadable(self.config):
             return "the target's configuration"

@@ -47,13 +47,14 @@ def forwarded_headers(task, extra: dict) -> HTTPHeaderDict:
     """The event's header lines minus hop-by-hop ones, plus config and webhooker
     headers. Repeated lines stay apart and in order; a config header replaces
     every line of its name."""
-    listed = set(DROPPED_HEADERS)
-    for name, value in task.headers:
-        if name.lower() == "connection":
-            listed.update(token.strip().lower() for token in value.split(","))
+    lines = [(name.lower(), name, value) for name, value in task.headers]
+    listed = DROPPED_HEADERS
+    for lowered, _, value in lines:
+        if lowered == "connection":
+            listed = listed | {token.strip().lower() for token in value.split(",")}
     headers = HTTPHeaderDict()
-    for name, value in task.headers:
-        if name.lower() not in listed and not name.lower().startswith("x-webhooker-"):
+    for lowered, name, value in lines:
+        if lowered not in listed and not lowered.startswith("x-webhooker-"):
             headers.add(name, value)
     if task.content_type and "Content-Type" not in headers:
         # An event stored without its header lines (the API's, say) still says
@@ -225,7 +226,7 @@ class HttpTarget(transport.SendsHTTP):
         if task.target.signing:
             sign(headers, task, body)
         url = config["url"]
-        if urllib.parse.urlsplit(url).username is not None:
+        if _has_userinfo(url):
             # The URL's credentials are sent as Basic auth (transport.request), in
             # place of the sender's, as configured headers replace theirs.
             headers.discard("Authorization")
@@ -327,6 +328,12 @@ def _oauth(config: dict) -> egress.OAuth2 | None:
         scope=config.get("oauth_scope", ""),
         audience=config.get("oauth_audience", ""),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _has_userinfo(url: str) -> bool:
+    """Whether `url` names a user (a target's URL, asked on every attempt)."""
+    return urllib.parse.urlsplit(url).username is not None
 
 
 @functools.lru_cache(maxsize=1024)

@@ -97,6 +97,18 @@ def prepared_url(url: str) -> PreparedURL:
     )
 
 
+def _url(text: str, *, cache: bool) -> yarl.URL:
+    """`text` as aiohttp takes it, as built (escapes as they are). A target's own
+    URL, the same on each of its attempts, is parsed once; one with an event's
+    query is not kept."""
+    return _target_url(text) if cache else yarl.URL(text, encoded=True)
+
+
+@functools.lru_cache(maxsize=1024)
+def _target_url(text: str) -> yarl.URL:
+    return yarl.URL(text, encoded=True)
+
+
 @functools.lru_cache(maxsize=16)
 def _tls_context(cafile: str) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile)
@@ -212,7 +224,7 @@ def request(
     trusted = proxy is None  # DELIVERY_PROXY, the operator's own
     proxy = settings.DELIVERY_PROXY if proxy is None else proxy
     return Request(
-        url=yarl.URL(f"{where.scheme}://{host}{port}{path}", encoded=True),
+        url=_url(f"{where.scheme}://{host}{port}{path}", cache=not query),
         data=data,
         headers=exact_headers(own, headers, None if forwarded else USER_AGENT),
         timeout=timeout,
