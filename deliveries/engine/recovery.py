@@ -21,11 +21,13 @@ from django.utils import timezone
 from deliveries.engine.claims import CANDIDATE_FIELDS
 from deliveries.models import Delivery
 
-# Rows read per query while looking for unowned ones.
-PAGE = 500
-# A tick reads at most this many pages: many stale rows can be owned (a deep,
-# healthy channel), and the tick must stay cheap all the same.
-MAX_TICK_PAGES = 40
+# Rows read per query while looking for unowned ones. No index holds the
+# unfinished rows of both statuses in (updated_at, id) order, so each page sorts
+# them again: a backlog is read in few, large pages.
+PAGE = 2000
+# A tick reads at most this many pages (20 000 rows): many stale rows can be owned
+# (a deep, healthy channel), and the tick must stay cheap all the same.
+MAX_TICK_PAGES = 10
 
 
 def recover(
