@@ -7,6 +7,7 @@ scrape adds every process's files up, so the numbers are right however many
 workers serve the scrape. The engine's gauges come from its heartbeat row.
 """
 
+import functools
 import logging
 import os
 
@@ -109,8 +110,19 @@ def event_duplicate(webhook_code) -> None:
 
 def attempt_made(target_type: str, outcome: str, duration_ms: int) -> None:
     if counting():
-        ATTEMPTS.labels(target_type=target_type, outcome=outcome).inc()
-        ATTEMPT_SECONDS.labels(target_type=target_type).observe(duration_ms / 1000)
+        attempts, seconds = _attempt_series(target_type, outcome)
+        attempts.inc()
+        seconds.observe(duration_ms / 1000)
+
+
+@functools.cache
+def _attempt_series(target_type: str, outcome: str):
+    """The attempt's counter and histogram series: an engine counts every attempt,
+    and the few label values' series are looked up once, not per attempt."""
+    return (
+        ATTEMPTS.labels(target_type=target_type, outcome=outcome),
+        ATTEMPT_SECONDS.labels(target_type=target_type),
+    )
 
 
 class EngineCollector:

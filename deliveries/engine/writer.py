@@ -338,17 +338,20 @@ def _storable(text: str) -> str:
 def _write_sqlite(statuses: list[tuple], results: list[dict]) -> set[int]:
     """SQLite: write rows of STATUS_COLUMNS and their results (_sqlite_statements);
     return the ids that exist. The caller's transaction makes it atomic."""
-    adapt = connection.ops.adapt_datetimefield_value
+    db = connections[DEFAULT_DB_ALIAS]
+    # Datetimes as SQLite stores them. A batch's rows share one `now`: each
+    # distinct value is adapted once.
+    adapt = functools.cache(db.ops.adapt_datetimefield_value)
     statuses = [
         (status, attempts, adapt(due), reason, failure, adapt(at), id_)
         for status, attempts, due, reason, failure, at, id_ in statuses
     ]
+    prepared = _preparers(db, adapt)
     statements = _sqlite_statements()
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(statements["existing"], [json.dumps([row[-1] for row in statuses])])
         existing = {id_ for (id_,) in cursor.fetchall()}
         cursor.executemany(statements["status"], [row for row in statuses if row[-1] in existing])
-        prepared = _preparers(connections[DEFAULT_DB_ALIAS])
         cursor.executemany(
             statements["result"],
             [
@@ -364,27 +367,22 @@ def _result_fields():
     return [f for f in DeliveryResult._meta.concrete_fields if not f.primary_key]
 
 
-# The result columns whose values the database takes in another form (JSON text,
-# datetimes as SQLite stores them): prepared by Django's own field. write_results
-# builds every other value as its column's type already (ints, bools, text), so
-# those go as they are: a Field's preparation per value, through the connection's
-# thread-local lookups, cost more than SQLite's whole INSERT.
-_ADAPTED = (models.JSONField, models.DateTimeField)
-
-
-def _preparers(db) -> list[tuple[str, Callable | None]]:
-    """(attname, what prepares its value for `db`, or None) per result column."""
-    return [
-        (
-            field.attname,
-            functools.partial(_prepare, field, db) if isinstance(field, _ADAPTED) else None,
-        )
-        for field in _result_fields()
-    ]
-
-
-def _prepare(field, db, value):
-    return field.get_db_prep_save(value, db)
+def _preparers(db, adapt) -> list[tuple[str, Callable | None]]:
+    """(attname, what makes its value one SQLite takes, or None) per result
+    column: datetimes by `adapt`, JSON by its Django field. write_results builds
+    every other value as its column's type already (ints, bools, text), so those go
+    as they are: a Field's preparation of each value, through the connection's
+    thread-local lookups, cost more than SQLite's whole INSERT."""
+    preparers = []
+    for field in _result_fields():
+        if isinstance(field, models.DateTimeField):
+            prepare = adapt
+        elif isinstance(field, models.JSONField):
+            prepare = functools.partial(field.get_db_prep_save, connection=db)
+        else:
+            prepare = None
+        preparers.append((field.attname, prepare))
+    return preparers
 
 
 @functools.cache
