@@ -12,10 +12,15 @@ showed the collector's traversal among its heaviest costs (bench/RESULTS.md).
 
 import gc
 
-# Young collections after this many net allocations (CPython's default: 700); the
-# older generations at their defaults' spirit, every 20 collections of the one
-# below. Garbage in cycles waits a little longer to be freed: a few megabytes.
-THRESHOLDS = (10_000, 20, 20)
+# Young collections after this many net allocations of container objects
+# (CPython's default: 700), the older generations after 20 collections of the one
+# below. An engine draining a backlog makes next to no garbage in cycles (with
+# the collector off, 10 000 deliveries left some 400 objects for it, the threads'
+# own at exit), so a collection mostly walks live objects: the tasks claimed and
+# waiting, the attempts in flight. Fewer collections walk them fewer times; what
+# garbage in cycles there is (an exception's traceback) waits for at most this
+# many allocations, a few megabytes.
+THRESHOLDS = (100_000, 20, 20)
 
 
 def tune_garbage_collector() -> None:
