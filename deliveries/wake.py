@@ -8,6 +8,7 @@ SQLite it is a datagram to a Unix socket the engine binds in DATA_DIR.
 """
 
 import contextlib
+import functools
 import socket
 import threading
 
@@ -23,7 +24,18 @@ _local = threading.local()
 
 
 def socket_path() -> str:
-    return str(settings.DATA_DIR / SOCKET_NAME)
+    return _socket_path(settings.DATA_DIR)
+
+
+@functools.lru_cache(maxsize=8)
+def _socket_path(data_dir) -> str:
+    return str(data_dir / SOCKET_NAME)
+
+
+@functools.lru_cache(maxsize=8)
+def _reachable_path(path: str) -> str | None:
+    """The path, or None where it is too long for a Unix socket."""
+    return None if len(path.encode()) > MAX_SOCKET_PATH else path
 
 
 def notify_on_commit(connection) -> None:
@@ -42,8 +54,8 @@ def notify_on_commit(connection) -> None:
 
 
 def send_datagram() -> None:
-    path = socket_path()
-    if len(path.encode()) > MAX_SOCKET_PATH:
+    path = _reachable_path(socket_path())
+    if path is None:
         return
     sock = getattr(_local, "sock", None)
     if sock is None:

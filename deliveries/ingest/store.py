@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import ipaddress
 import uuid
 from collections.abc import Callable
@@ -210,7 +211,10 @@ def _count_duplicate(cursor, statements, webhook_id: int, provider_id: str) -> S
     return Stored(event_id=row[0], code=code, deliveries=0, duplicate=True)
 
 
+@functools.lru_cache(maxsize=4096)
 def ip_or_none(value: str | None) -> str | None:
+    """The address in its canonical form, or None. Cached: a service hears from
+    the same few senders again and again."""
     if not value:
         return None
     try:

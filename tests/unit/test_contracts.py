@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteWrapper
+from django.db.backends.sqlite3.base import SQLiteCursorWrapper
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 # (owner, name, the parameters it must take): every method overridden or called.
@@ -19,6 +20,9 @@ METHODS = [
     (BaseDatabaseWrapper, "_commit", ["self"]),
     (BaseDatabaseWrapper, "_rollback", ["self"]),
     (BaseDatabaseWrapper, "_close", ["self"]),
+    # Django: webhooker/db/sqlite/base.py's cursor converts placeholders once.
+    (SQLiteWrapper, "create_cursor", ["self", "name"]),
+    (SQLiteCursorWrapper, "convert_query", ["self", "query", "param_names"]),
     # Django: webhooker/db/postgresql/base.py.
     (BaseDatabaseWrapper, "_prepare_cursor", ["self", "cursor"]),
     (BaseDatabaseWrapper, "close_if_health_check_failed", ["self"]),

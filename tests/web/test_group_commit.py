@@ -98,6 +98,41 @@ def test_a_failing_event_fails_its_own_request_only(webhook):
     assert Event.objects.count() == 4
 
 
+def test_an_event_alone_in_its_group_runs_without_a_savepoint(webhook):
+    """The savepoints keep a failing event from failing its neighbours; an event
+    alone has none, and its statements run in the group's transaction itself."""
+    group = GroupCommit()
+    executed = []
+
+    def record(execute, sql, params, many, context):
+        executed.append(sql)
+        return execute(sql, params, many, context)
+
+    code = uuid.uuid4()
+    with connection.execute_wrapper(record):
+        assert group.run(lambda: _event(webhook, code).code) == code
+    assert [sql for sql in executed if "SAVEPOINT" in sql.upper()] == []
+    assert Event.objects.filter(code=code).exists()
+
+
+def test_an_event_alone_that_fails_leaves_none_of_its_rows(webhook):
+    """Its first statement stored a row, its second failed: the transaction is
+    rolled back whole, the caller gets its own error, and the next group works."""
+    group = GroupCommit()
+    taken, first = uuid.uuid4(), uuid.uuid4()
+    _event(webhook, taken)
+
+    def half_stored():
+        _event(webhook, first)
+        return _event(webhook, taken).code
+
+    with pytest.raises(IntegrityError):
+        group.run(half_stored)
+    assert not Event.objects.filter(code=first).exists()
+    after = uuid.uuid4()
+    assert group.run(lambda: _event(webhook, after).code) == after
+
+
 def test_a_failed_commit_fails_every_event_of_the_group(webhook, monkeypatch):
     """COMMIT itself fails (a full disk): no event of the group is stored, and every
     one of its requests gets the error."""

@@ -40,7 +40,8 @@ class GroupCommit:
 
     The first caller leads: it begins a transaction (waiting for the writer lock),
     takes every event waiting by then (up to `limit`), stores each in a savepoint
-    of that transaction on its own connection, commits, and wakes the others with
+    of that transaction on its own connection (an event alone, in the transaction
+    itself), commits, and wakes the others with
     their own outcome; then it hands the lead to the first caller that arrived
     meanwhile. Each caller still returns only after COMMIT of its own rows
     (invariant 1); an event whose statements fail rolls back its savepoint and
@@ -112,28 +113,14 @@ class GroupCommit:
                 with self._lock:
                     self._take(group)
                 self.groups += 1
-                lost = None
-                for job in group:
-                    if lost is not None:
-                        job.error = lost
-                        continue
-                    try:
-                        with transaction.atomic():
-                            job.result = job.store()
-                    except Exception as exc:
-                        job.error = exc
-                        if connection.needs_rollback:
-                            # Not even the job's savepoint could be rolled back: the
-                            # transaction itself is gone (SQLite abandons it when the
-                            # disk fills mid-statement). The rest of the group cannot
-                            # be stored in it and fails with the database's error, as
-                            # its leader does, rather than Django's complaint about a
-                            # broken transaction.
-                            lost = (
-                                exc
-                                if isinstance(exc, OperationalError)
-                                else OperationalError(f"the group's transaction was lost: {exc}")
-                            )
+                if len(group) == 1:
+                    # Alone, an event has no neighbour for a savepoint to protect:
+                    # its failure rolls back the transaction, which holds nothing
+                    # else (the except below), and its statements go without two
+                    # more of their own.
+                    group[0].result = group[0].store()
+                else:
+                    self._store_each(group)
                 # Runs only after COMMIT succeeded: Django rolls back without a word
                 # when a job's failure left the transaction unusable (SQLite may
                 # abandon the whole transaction on a full disk), or when the
@@ -149,6 +136,33 @@ class GroupCommit:
                 job.result, job.error = None, job.error or exc
             return False
         return True
+
+    @staticmethod
+    def _store_each(group: list[_Job]) -> None:
+        """Store each job of the group in a savepoint of the transaction: a failing
+        one rolls back its own and holds its error."""
+        lost = None
+        for job in group:
+            if lost is not None:
+                job.error = lost
+                continue
+            try:
+                with transaction.atomic():
+                    job.result = job.store()
+            except Exception as exc:
+                job.error = exc
+                if connection.needs_rollback:
+                    # Not even the job's savepoint could be rolled back: the
+                    # transaction itself is gone (SQLite abandons it when the
+                    # disk fills mid-statement). The rest of the group cannot
+                    # be stored in it and fails with the database's error, as
+                    # its leader does, rather than Django's complaint about a
+                    # broken transaction.
+                    lost = (
+                        exc
+                        if isinstance(exc, OperationalError)
+                        else OperationalError(f"the group's transaction was lost: {exc}")
+                    )
 
 
 group_commit = GroupCommit()
