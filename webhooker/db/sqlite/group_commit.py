@@ -41,12 +41,11 @@ class GroupCommit:
     The first caller leads: it begins a transaction (waiting for the writer lock),
     takes every event waiting by then (up to `limit`), stores each in a savepoint
     of that transaction on its own connection (an event alone, in the transaction
-    itself), commits, and wakes the others with
-    their own outcome; then it hands the lead to the first caller that arrived
-    meanwhile. Each caller still returns only after COMMIT of its own rows
-    (invariant 1); an event whose statements fail rolls back its savepoint and
-    fails its own request alone; a failed COMMIT fails every event of the group,
-    none of which is stored.
+    itself), commits, and wakes the others with their own outcome; then it hands
+    the lead to the first caller that arrived meanwhile. Each caller still
+    returns only after COMMIT of its own rows (invariant 1); an event whose
+    statements fail rolls back its savepoint and fails its own request alone; a
+    failed COMMIT fails every event of the group, none of which is stored.
     """
 
     def __init__(self, limit: int = 64):
@@ -116,8 +115,8 @@ class GroupCommit:
                 if len(group) == 1:
                     # Alone, an event has no neighbour for a savepoint to protect:
                     # its failure rolls back the transaction, which holds nothing
-                    # else (the except below), and its statements go without two
-                    # more of their own.
+                    # else (the except below). Without one it spares the SAVEPOINT
+                    # and RELEASE and SQLite's statement journal of its pages.
                     group[0].result = group[0].store()
                 else:
                     self._store_each(group)
