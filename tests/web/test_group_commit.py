@@ -98,21 +98,33 @@ def test_a_failing_event_fails_its_own_request_only(webhook):
     assert Event.objects.count() == 4
 
 
-def test_an_event_alone_in_its_group_runs_without_a_savepoint(webhook):
-    """The savepoints keep a failing event from failing its neighbours; an event
-    alone has none, and its statements run in the group's transaction itself."""
-    group = GroupCommit()
-    executed = []
+def test_a_group_runs_without_savepoints(webhook, monkeypatch):
+    """Inside a savepoint SQLite journals every page a statement changes: the
+    events of a group, alone or several, run in the transaction itself."""
+    wrapper = type(connections["default"])
+    real_savepoint, savepoints = wrapper.savepoint, []
 
-    def record(execute, sql, params, many, context):
-        executed.append(sql)
-        return execute(sql, params, many, context)
+    def savepoint(self):
+        savepoints.append(threading.current_thread().name)
+        return real_savepoint(self)
 
+    monkeypatch.setattr(wrapper, "savepoint", savepoint)
     code = uuid.uuid4()
-    with connection.execute_wrapper(record):
-        assert group.run(lambda: _event(webhook, code).code) == code
-    assert [sql for sql in executed if "SAVEPOINT" in sql.upper()] == []
-    assert Event.objects.filter(code=code).exists()
+    assert GroupCommit().run(lambda: _event(webhook, code).code) == code
+    group = GroupCommit()
+    outcomes = {}
+    lead, release = leading(group, webhook, outcomes)
+    codes = {key: uuid.uuid4() for key in "ab"}
+    threads = [lead] + [
+        queue(group, outcomes, key, lambda key=key: _event(webhook, codes[key]).code)
+        for key in "ab"
+    ]
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert group.groups == 2
+    assert [outcomes[key] for key in "ab"] == [codes[key] for key in "ab"]
+    assert savepoints == []
 
 
 def test_an_event_alone_that_fails_leaves_none_of_its_rows(webhook):
@@ -191,10 +203,11 @@ def test_a_group_rolled_back_without_an_error_fails_every_event(webhook):
     assert not Event.objects.filter(code=code).exists()
 
 
-def test_a_full_disk_mid_group_fails_the_rest_of_it_as_unavailable(webhook):
+def test_a_full_disk_mid_group_fails_its_event_as_unavailable_and_stores_the_rest(webhook):
     """SQLite may abandon the whole transaction when the disk fills mid-statement:
-    the events after it in the group get the same database error (the view's 503),
-    not Django's complaint about a broken transaction (a 500)."""
+    that event gets the database's error (the view's 503), not Django's complaint
+    about a broken transaction (a 500), and the rest of its group is stored again
+    in a new transaction (here the disk has room again), each event once."""
     group = GroupCommit()
     outcomes = {}
 
@@ -213,8 +226,37 @@ def test_a_full_disk_mid_group_fails_the_rest_of_it_as_unavailable(webhook):
     for thread in threads:
         thread.join(20)
     assert group.groups == 2
-    assert all(isinstance(outcomes[k], OperationalError) for k in ("a", "full", "b")), outcomes
-    assert not Event.objects.filter(code__in=codes).exists()
+    assert isinstance(outcomes["full"], OperationalError), outcomes
+    assert [outcomes["a"], outcomes["b"]] == codes
+    assert Event.objects.filter(code__in=codes).count() == 2
+    assert Event.objects.count() == 3  # the leader's, a's and b's
+
+
+def test_a_group_whose_every_event_fails_ends_with_each_ones_error(webhook):
+    """Each round leaves the failing event out; when none is left, every caller
+    has its own error and nothing is stored."""
+    group = GroupCommit()
+    outcomes = {}
+    taken = uuid.uuid4()
+    _event(webhook, taken)
+
+    def clash(key):
+        def store():
+            _event(webhook, uuid.uuid4())
+            if key == "b":
+                raise ValueError("b's own failure")
+            return _event(webhook, taken).code
+
+        return store
+
+    lead, release = leading(group, webhook, outcomes)
+    threads = [lead] + [queue(group, outcomes, key, clash(key)) for key in "abc"]
+    release.set()
+    for thread in threads:
+        thread.join(20)
+    assert isinstance(outcomes["a"], IntegrityError) and isinstance(outcomes["c"], IntegrityError)
+    assert isinstance(outcomes["b"], ValueError), outcomes
+    assert Event.objects.count() == 2  # the first event and the leader's
 
 
 def test_events_arriving_while_the_leader_waits_for_the_writer_join_its_group(webhook, monkeypatch):

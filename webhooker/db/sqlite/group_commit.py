@@ -7,11 +7,12 @@ storing events one transaction each would queue for both. The inbound path
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 
 T = TypeVar("T")
 
@@ -39,13 +40,13 @@ class GroupCommit:
     writer-lock turn and one fsync for all of them.
 
     The first caller leads: it begins a transaction (waiting for the writer lock),
-    takes every event waiting by then (up to `limit`), stores each in a savepoint
-    of that transaction on its own connection (an event alone, in the transaction
-    itself), commits, and wakes the others with their own outcome; then it hands
-    the lead to the first caller that arrived meanwhile. Each caller still
-    returns only after COMMIT of its own rows (invariant 1); an event whose
-    statements fail rolls back its savepoint and fails its own request alone; a
-    failed COMMIT fails every event of the group, none of which is stored.
+    takes every event waiting by then (up to `limit`), stores them in that
+    transaction on its own connection, commits, and wakes the others with their
+    own outcome; then it hands the lead to the first caller that arrived
+    meanwhile. Each caller still returns only after COMMIT of its own rows
+    (invariant 1); an event whose statements fail fails its own request alone
+    (the rest of the group is stored again without it, `_commit`); a failed
+    COMMIT fails every event of the group, none of which is stored.
     """
 
     def __init__(self, limit: int = 64):
@@ -57,6 +58,10 @@ class GroupCommit:
         self._leading = False
 
     def run(self, store: Callable[[], T]) -> T:
+        """`store()`'s result once the transaction it ran in has committed, or its
+        error. `store` may run more than once (a neighbour's failure rolls its
+        first run back): it must do nothing a rollback does not undo, as
+        `transaction.on_commit` callbacks are undone."""
         job = _Job(store)
         with self._lock:
             self._waiting.append(job)
@@ -98,70 +103,69 @@ class GroupCommit:
         del self._waiting[: self.limit]
 
     def _commit(self, group: list[_Job]) -> bool:
-        """Begin a transaction, take the group, store it; whether it committed. If it
-        did not, every job holds an error and no result.
+        """Begin a transaction, take the group, store it; whether every job holds
+        its outcome (False: none is stored, and each holds an error).
 
         The group is taken once BEGIN holds the writer lock, not before: while
         another process writes, the leader waits for its turn and every event that
         arrives meanwhile joins this group, rather than the next (bench/RESULTS.md
         has how much larger the groups are for it).
-        """
-        committed = []
-        try:
-            with transaction.atomic():
-                with self._lock:
-                    self._take(group)
-                self.groups += 1
-                if len(group) == 1:
-                    # Alone, an event has no neighbour for a savepoint to protect:
-                    # its failure rolls back the transaction, which holds nothing
-                    # else (the except below). Without one it spares the SAVEPOINT
-                    # and RELEASE and SQLite's statement journal of its pages.
-                    group[0].result = group[0].store()
-                else:
-                    self._store_each(group)
-                # Runs only after COMMIT succeeded: Django rolls back without a word
-                # when a job's failure left the transaction unusable (SQLite may
-                # abandon the whole transaction on a full disk), or when the
-                # connection was lost in it.
-                transaction.on_commit(lambda: committed.append(True), robust=True)
-            if not committed:
-                raise OperationalError("the group's transaction was rolled back")
-        except Exception as exc:  # BEGIN, COMMIT, or a silent rollback: nothing stored
-            if not group:
-                with self._lock:
-                    self._take(group)
-            for job in group:
-                job.result, job.error = None, job.error or exc
-            return False
-        return True
 
-    @staticmethod
-    def _store_each(group: list[_Job]) -> None:
-        """Store each job of the group in a savepoint of the transaction: a failing
-        one rolls back its own and holds its error."""
-        lost = None
-        for job in group:
-            if lost is not None:
-                job.error = lost
-                continue
+        The jobs run in the transaction itself, one after another, with no
+        savepoint each: inside one, SQLite journals every page a statement
+        changes, which cost the inbound path more than the savepoints' own
+        statements. A job that fails keeps its error, the transaction is rolled
+        back whole, and the rest of the group is stored again in a new one; each
+        round leaves one job out, so a group of n ends within n rounds.
+        """
+        left: list[_Job] | None = None
+        while True:
+            committed, failed = [], None
             try:
                 with transaction.atomic():
-                    job.result = job.store()
-            except Exception as exc:
-                job.error = exc
-                if connection.needs_rollback:
-                    # Not even the job's savepoint could be rolled back: the
-                    # transaction itself is gone (SQLite abandons it when the
-                    # disk fills mid-statement). The rest of the group cannot
-                    # be stored in it and fails with the database's error, as
-                    # its leader does, rather than Django's complaint about a
-                    # broken transaction.
-                    lost = (
-                        exc
-                        if isinstance(exc, OperationalError)
-                        else OperationalError(f"the group's transaction was lost: {exc}")
-                    )
+                    if left is None:
+                        with self._lock:
+                            self._take(group)
+                        self.groups += 1
+                        left = list(group)
+                    failed = _store_all(left)
+                    if failed is not None:
+                        transaction.set_rollback(True)
+                    else:
+                        # Runs only after COMMIT succeeded: Django rolls back
+                        # without a word when a job left the transaction unusable
+                        # (SQLite may abandon it on a full disk), or when the
+                        # connection was lost in it.
+                        transaction.on_commit(
+                            functools.partial(committed.append, True), robust=True
+                        )
+                if failed is None and not committed:
+                    raise OperationalError("the group's transaction was rolled back")
+            except Exception as exc:  # BEGIN, COMMIT, or a silent rollback: nothing stored
+                if not group:
+                    with self._lock:
+                        self._take(group)
+                for job in group if left is None else left:
+                    job.result, job.error = None, job.error or exc
+                return False
+            if failed is None:
+                return True
+            left.remove(failed)
+            if not left:
+                return True
+
+
+def _store_all(jobs: list[_Job]) -> _Job | None:
+    """Store each job in the caller's transaction until one fails: that one, with
+    its error (the caller rolls back), or None."""
+    for job in jobs:
+        job.result = job.error = None
+        try:
+            job.result = job.store()
+        except Exception as exc:
+            job.result, job.error = None, exc
+            return job
+    return None
 
 
 group_commit = GroupCommit()
