@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,10 +98,18 @@ class Process:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
+                self._report_stuck(timeout)
                 self.popen.kill()
                 self.popen.wait()
         self._log.close()
         return self.popen.returncode
+
+    def _report_stuck(self, timeout):
+        """A process that did not stop: the end of its log on this test's stderr,
+        where a failing test's report shows it, before it is killed."""
+        tail = "\n".join(self.log().splitlines()[-60:])
+        print(f"{self.log_path.name}: running {timeout} s after its signal", file=sys.stderr)
+        print(tail, file=sys.stderr)
 
 
 def wait_answering(url, process: Process, timeout=30.0):
