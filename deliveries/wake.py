@@ -32,12 +32,6 @@ def _socket_path(data_dir) -> str:
     return str(data_dir / SOCKET_NAME)
 
 
-@functools.lru_cache(maxsize=8)
-def _reachable_path(path: str) -> str | None:
-    """The path, or None where it is too long for a Unix socket."""
-    return None if len(path.encode()) > MAX_SOCKET_PATH else path
-
-
 def notify_on_commit(connection) -> None:
     """Arrange for the engine to be woken once the current transaction commits."""
     if connection.vendor == "postgresql":
@@ -54,8 +48,8 @@ def notify_on_commit(connection) -> None:
 
 
 def send_datagram() -> None:
-    path = _reachable_path(socket_path())
-    if path is None:
+    path = socket_path()
+    if len(path.encode()) > MAX_SOCKET_PATH:
         return
     sock = getattr(_local, "sock", None)
     if sock is None:
