@@ -83,6 +83,29 @@ def test_to_a_new_target_each_event_gets_a_delivery(webhook, make_target):
     ) == {"failed"}
 
 
+def test_to_a_new_target_each_events_delivery_is_found_by_the_event(webhook, make_target):
+    """A replay makes deliveries to its target faster than the database's statistics
+    follow them: finding an event's delivery to the target goes by the (event,
+    target) key, never by a scan of the target's deliveries (which PostgreSQL chose
+    while it counted none, and read every one made so far for each event)."""
+    old, new = make_target(name="old"), make_target(name="new")
+    events = outage(webhook, [old], n=2000, outside=0)  # analyzed, as a past outage is
+    Delivery.objects.bulk_create(
+        Delivery(event=e, target=new, status="failed", attempts=1) for e in events[:1500]
+    )
+    job = replays.start(criteria(webhook, target=old, to_target=new))
+    plan = criteria(webhook, target=old, to_target=new).rows()[:500].explain()
+    # SQLite names the unique constraint's index itself.
+    by_key = {"postgresql": "delivery_event_target_uniq", "sqlite": "sqlite_autoindex"}
+    assert by_key[connection.vendor] in plan, plan
+    assert "delivery_target_" not in plan, plan
+    run_steps(job, window=500)
+    assert (job.matched, job.queued, job.skipped, job.delivered) == (2000, 2000, 0, 2000)
+    assert set(Delivery.objects.filter(target=new).values_list("event", "status")) == {
+        (e.pk, "delivered") for e in events
+    }
+
+
 def test_to_a_target_an_event_already_on_its_way_there_is_skipped(webhook, make_target):
     old, new = make_target(name="old"), make_target(name="new")
     events = outage(webhook, [old], n=10, outside=0)

@@ -107,7 +107,10 @@ class Process:
     def _report_stuck(self, timeout):
         """A process that did not stop: the end of its log on this test's stderr,
         where a failing test's report shows it, before it is killed."""
-        tail = "\n".join(self.log().splitlines()[-60:])
+        log = self.log()
+        # From the stacks a stalled engine writes (rundelivery's STOP_REPORT_AFTER).
+        start = log.rfind("Timeout (")
+        tail = log[start:] if start >= 0 else "\n".join(log.splitlines()[-60:])
         print(f"{self.log_path.name}: running {timeout} s after its signal", file=sys.stderr)
         print(tail, file=sys.stderr)
 

@@ -1,3 +1,4 @@
+import faulthandler
 import logging
 import os
 import resource
@@ -28,6 +29,11 @@ from deliveries.wake import socket_path
 from webhooker.runtime import tune_garbage_collector
 
 LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+# A graceful stop still running after this long writes every thread's stack to
+# stderr, once: it is waiting on slow attempts (their deadline bounds it) or stuck,
+# and the stacks say which.
+STOP_REPORT_AFTER = 30.0
 
 
 def positive_int(value):
@@ -173,6 +179,7 @@ class Command(BaseCommand):
                 sys.stderr.write(
                     "rundelivery: finishing running attempts; press Ctrl+C again to force\n"
                 )
+                faulthandler.dump_traceback_later(STOP_REPORT_AFTER)
                 engine.stop()
 
         threading.Thread(target=act, name="signals", daemon=True).start()
