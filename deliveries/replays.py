@@ -421,11 +421,7 @@ def _create_missing(items, target_id: int, now) -> tuple[list, set]:
         ],
         ignore_conflicts=True,
     )
-    found = dict(
-        to_target(target_id).filter(event_id__in=missing).values_list(
-            "event_id", "pk"
-        )
-    )
+    found = dict(to_target(target_id).filter(event_id__in=missing).values_list("event_id", "pk"))
     items = [(pk, e, d if d is not None else found.get(e)) for pk, e, d in items]
     return items, set(found.values())
 
