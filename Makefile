@@ -37,7 +37,7 @@ run: $(INSTALLED)-run
 TEST_WORKERS ?= auto
 test: $(INSTALLED)-test
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -n $(TEST_WORKERS) \
-		-m "not serial" $(PYTEST_ARGS)
+		--dist worksteal -m "not serial" $(PYTEST_ARGS)
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -m serial $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 

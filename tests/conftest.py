@@ -20,6 +20,14 @@ for _name in tracing.CONFIGURED_BY:
     os.environ.pop(_name, None)
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that start real processes (marked e2e) first: some take minutes,
+    and one handed out last would keep a worker busy long after the others had
+    finished (pytest-xdist hands tests out in this order; make test lets an idle
+    worker take the rest of another's share)."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_tracing():
     tracing.stop()
