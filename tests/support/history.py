@@ -1,5 +1,6 @@
 """A past outage, written in bulk: events and their deliveries as it left them."""
 
+import contextlib
 import datetime
 
 from django.db import connection
@@ -23,12 +24,6 @@ def history(webhook, targets, n, *, start, span, status):
     Delivery.objects.bulk_create(
         Delivery(event=e, target=t, status=status, attempts=1) for e in events for t in targets
     )
-    if connection.vendor == "postgresql":
-        # A past outage's rows have been analyzed (autovacuum) by the time anyone
-        # replays them. Without it the planner takes these fresh tables for empty
-        # and joins them by nested loops, seconds per query.
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE deliveries_event, deliveries_delivery")
     return events
 
 
@@ -38,3 +33,29 @@ def outage(webhook, targets, n=10_000, *, outside=500):
     history(webhook, targets, outside, start=OUTAGE_START - HOUR, span=HOUR, status="delivered")
     history(webhook, targets, outside, start=OUTAGE_END, span=HOUR, status="failed")
     return history(webhook, targets, n, start=OUTAGE_START, span=6 * HOUR, status="failed")
+
+
+@contextlib.contextmanager
+def analyzed(*models):
+    """PostgreSQL: the models' tables analyzed, as autovacuum would have analyzed a
+    real history, so that a plan is the one chosen at that scale; afterwards their
+    statistics gone again. Autovacuum is off on the test server and statistics
+    outlive the rows a test leaves, so another test's plan would otherwise be
+    chosen from this one's data. SQLite: nothing."""
+    tables = [model._meta.db_table for model in models]
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {', '.join(tables)}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            for table in tables:
+                cursor.execute("DELETE FROM pg_statistic WHERE starelid = %s::regclass", [table])
+                cursor.execute(
+                    "UPDATE pg_class SET reltuples = -1, relpages = 0, relallvisible = 0 "
+                    "WHERE oid = %s::regclass",
+                    [table],
+                )
