@@ -7,6 +7,8 @@ row read before the claim may have been delivered, and its reference released, b
 another claimant in between. Because an attempt's result is committed before its
 last reference goes (invariant 4), a read that starts after a successful claim sees
 that result, and the claim is dropped instead of sending the delivery twice.
+An ordered lane's head is read whole and then claimed (`Claimer.claim_head`): it
+has no other claimant to race with.
 """
 
 from deliveries.engine import statements
@@ -24,13 +26,13 @@ class Claimer:
         self.targets = targets  # targets.Targets: rows, gates, overflow, lanes
         self.partitions = partitions  # partitions.Partitions
 
-    def claim(self, rows, limit: int | None = None, *, head: bool = False) -> list[Task]:
+    def claim(self, rows, limit: int | None = None) -> list[Task]:
         """Claim what nobody owns and fits its target's cap (at most `limit` rows);
         return the loaded tasks.
 
         Rows of a held target (paused, inactive) are left in the database: they are
         read again when it is resumed. Rows of an ordered target are left for its
-        lane (targets.py), unless `head` says they are its head. Rows of
+        lane (targets.py), which claims its head itself (claim_head). Rows of
         partitions this engine may not claim in are another engine's (or nobody's
         until one takes them).
         """
@@ -51,7 +53,7 @@ class Claimer:
             target = self.targets.get(target_id)
             if target is None or target.row.held:
                 continue
-            if target.row.ordered and not head:
+            if target.row.ordered:
                 self.targets.note_lane(target_id)
                 continue
             if not self.inflight.retain_idle(delivery_id):
@@ -79,6 +81,35 @@ class Claimer:
             self.targets.discharge(target_id)
             self.inflight.release(delivery_id)
         return tasks
+
+    def claim_head(self, row, claims) -> Task | None:
+        """Claim an ordered target's head, read whole (statements "head": the task's
+        columns, then its target's max_queue_size); None if it may not go now.
+        `claims` is `partitions.claims` as read before the row was (see claim()).
+
+        claim() loads a row only once it owns it, because another claimant may
+        have finished the row in between. A head has no other claimant: claim()
+        leaves an ordered target's rows to its lane, one thread at a time reads a
+        lane's head (Targets.begin_head), and that read began after the previous
+        head's result was committed. So the row read is the row claimed, and the
+        lane saves a round trip on every delivery."""
+        claimable, epochs = claims
+        fields = statements.loaded(row[:-1])
+        delivery_id, target_id = fields["delivery_id"], fields["target_id"]
+        partition = target_id % self.partitions.count
+        target = self.targets.get(target_id)
+        if partition not in claimable or target is None or target.row.held:
+            return None
+        if not self.inflight.retain_idle(delivery_id):
+            return None  # the head is held already (its retry scheduled)
+        if not target.hold(row[-1]):
+            self.inflight.release(delivery_id)
+            self.targets.note_overflow(target_id, delivery_id)
+            return None
+        task = Task(**fields)
+        if partition in epochs:
+            task.fence = (partition, epochs[partition])
+        return task
 
     def release(self, task) -> None:
         self.targets.discharge(task.target_id)

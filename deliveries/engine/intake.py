@@ -212,15 +212,17 @@ class Intake:
         if not targets.begin_head(target_id):
             return 0  # its head is in flight, or another thread is reading it
         try:
+            claims = self.claimer.partitions.claims  # before the row: see Claimer.claim
             head = statements.run("head", [target_id])
             if not head:
                 targets.rest_lane(target_id)  # noted again when a delivery comes
                 return 0
-            for task in self.claimer.claim(head, head=True):
-                targets.start_head(target_id, task.delivery_id)
-                self.dispatch(task)
-                return 1
-            return 0
+            task = self.claimer.claim_head(head[0], claims)
+            if task is None:
+                return 0
+            targets.start_head(target_id, task.delivery_id)
+            self.dispatch(task)
+            return 1
         finally:
             targets.end_head(target_id)  # a no-op once start_head() made it the head
 

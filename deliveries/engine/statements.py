@@ -1,9 +1,10 @@
 """The claim's statements, named in one place and built once per database vendor.
 
 A claim reads rows in two steps (claims.py): candidates, then the tasks of the
-ones it owns. An ordered lane does both for every delivery it sends, one at a
-time, so building them through the ORM on each claim (joins, a `CASE`, lookups
-compiled again) cost an engine more than running them. Here they are text built
+ones it owns; an ordered lane's head is read whole in one. A lane reads a head for
+every delivery it sends, one at a time, so building these through the ORM on each
+claim (joins, a `CASE`, lookups compiled again) cost an engine more than running
+them. Here they are text built
 once, with the ids as one parameter whatever their number: an array on
 PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
 connection), a JSON array read by `json_each` on SQLite. The head is planned on
@@ -89,11 +90,10 @@ def for_vendor(vendor: str) -> dict[str, str]:
             f"SELECT {', '.join(select)} FROM {joined} "
             f"WHERE d.id {ids} AND {status} IN (%s, %s) ORDER BY d.id"
         ),
-        # An ordered target's next delivery, as a candidate row (claims.Claimer):
-        # one parameter, the target's id.
+        # An ordered target's next delivery, its task whole and then its target's
+        # max_queue_size (claims.Claimer.claim_head): one parameter, the target's id.
         "head": (
-            f"SELECT d.id, {status}, {column('d', 'target')}, "
-            f"{column('t', 'max_queue_size')} FROM {joined} "
+            f"SELECT {', '.join(select)}, {column('t', 'max_queue_size')} FROM {joined} "
             f"JOIN {target} t ON t.id = {column('d', 'target')} "
             f"WHERE {column('d', 'target')} = %s AND {unfinished} "
             f"ORDER BY {column('e', 'received_at')}, {column('d', 'event')}, d.id LIMIT 1"

@@ -4,12 +4,15 @@ from django.db import connection
 
 
 def prepared(statement: str) -> int:
-    """How many statements beginning like `statement` (its first 60 characters)
-    this connection's server session holds prepared."""
+    """How many statements beginning with `statement` (whole, or its beginning)
+    this connection's server session holds prepared; its `%s` are numbered `$1`,
+    `$2`, … as psycopg sends them."""
+    first, *rest = statement.split("%s")
+    text = first + "".join(f"${n}{part}" for n, part in enumerate(rest, 1))
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_prepared_statements WHERE starts_with(statement, %s)",
-            [statement[:60]],
+            [text],
         )
         return cursor.fetchone()[0]
 
