@@ -62,7 +62,7 @@ bench-admin: $(INSTALLED)-bench
 chaos: $(INSTALLED)-test
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 	DATA_DIR=$(CURDIR)/.pytest-data-pg CHAOS_FAULTS=$${CHAOS_FAULTS:-1000} \
-	CHAOS_INTERVAL=$${CHAOS_INTERVAL:-2.5} CHAOS_TIMEOUT=5400 \
+	CHAOS_INTERVAL=$${CHAOS_INTERVAL:-2.5} CHAOS_QUIET=15 CHAOS_TIMEOUT=5400 \
 	CHAOS_REPORT=$(CURDIR)/docs/faults.md \
 	$(PY) -m pytest -s -p no:cacheprovider tests/e2e/test_faults.py -k lose_nothing
 

@@ -72,11 +72,14 @@ SCALEOUT_FIGURES = [
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_make_bench_prints_every_figure_with_its_baseline():
+    """On PostgreSQL only: its run goes through every script and phase SQLite's
+    does, and scale-out besides; the same again on SQLite cost CI three minutes."""
+    if connection.vendor != "postgresql":
+        pytest.skip("run in make test on PostgreSQL, which runs every bench script")
     missing = [tool for tool in ("wrk", "nginx") if not shutil.which(tool)]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed (.ci/run installs them)")
-    database = "pg" if connection.vendor == "postgresql" else "sqlite"
-    env = {**os.environ, "BENCH_SECONDS": "1", "BENCH_DATABASES": database, "BENCH_RECORD": "0"}
+    env = {**os.environ, "BENCH_SECONDS": "1", "BENCH_DATABASES": "pg", "BENCH_RECORD": "0"}
     env.pop("DATABASE_URL", None)
     env.pop("DATA_DIR", None)
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
@@ -89,9 +92,8 @@ def test_make_bench_prints_every_figure_with_its_baseline():
         timeout=580,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    suffix = "_pg" if database == "pg" else ""
-    for name in FIGURES + (SCALEOUT_FIGURES if database == "pg" else []):
-        assert re.search(rf"^{name}{suffix}=\d+(\.\d+)?$", result.stdout, re.M), name
+    for name in FIGURES + SCALEOUT_FIGURES:
+        assert re.search(rf"^{name}_pg=\d+(\.\d+)?$", result.stdout, re.M), name
 
 
 def test_the_durable_floor_answers_each_append_after_an_fsync_that_covers_it(tmp_path, monkeypatch):

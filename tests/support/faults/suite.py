@@ -642,8 +642,11 @@ def run(
     engines: int = 3,
     seed: int = 1,
     pg_restarts=True,
+    quiet: float = QUIET,
 ):
-    """Run the suite; return the Report."""
+    """Run the suite; return the Report. `quiet`: seconds of calm after each
+    isolated fault, which its hand-over timing needs (make chaos); a short run
+    that records no timings may keep it short."""
     rng = random.Random(seed)
     receiver = Receiver()
     codes = make_targets(user, receiver)
@@ -676,7 +679,7 @@ def run(
         for kind, length in ISOLATED:
             cluster.learn_lock_pids()
             injector.inject(kind, length=length, isolated=True)
-            time.sleep(QUIET)
+            time.sleep(quiet)
         while len(injector.faults) < faults:
             injector.inject()
             cluster.learn_lock_pids()
