@@ -1,3 +1,4 @@
+import contextlib
 import faulthandler
 import logging
 import os
@@ -179,8 +180,10 @@ class Command(BaseCommand):
                 sys.stderr.write(
                     "rundelivery: finishing running attempts; press Ctrl+C again to force\n"
                 )
-                faulthandler.dump_traceback_later(STOP_REPORT_AFTER)
                 engine.stop()
+                # Not where stderr is no file (the command called in process, captured).
+                with contextlib.suppress(OSError, ValueError):
+                    faulthandler.dump_traceback_later(STOP_REPORT_AFTER)
 
         threading.Thread(target=act, name="signals", daemon=True).start()
         signal.signal(signal.SIGINT, on_signal)
