@@ -56,13 +56,8 @@ class Claimer:
             if target.row.ordered:
                 self.targets.note_lane(target_id)
                 continue
-            if not self.inflight.retain_idle(delivery_id):
-                continue
-            if not target.hold(cap):
-                self.inflight.release(delivery_id)
-                self.targets.note_overflow(target_id, delivery_id)
-                continue
-            claimed[delivery_id] = target_id
+            if self._own(target, delivery_id, cap):
+                claimed[delivery_id] = target_id
         if not claimed:
             return []
         try:
@@ -74,9 +69,7 @@ class Claimer:
             raise
         for task in tasks:
             del claimed[task.delivery_id]
-            partition = task.target_id % count
-            if partition in epochs:
-                task.fence = (partition, epochs[partition])
+            self._fence(task, epochs)
         for delivery_id, target_id in claimed.items():  # finished meanwhile
             self.targets.discharge(target_id)
             self.inflight.release(delivery_id)
@@ -94,22 +87,35 @@ class Claimer:
         head's result was committed. So the row read is the row claimed, and the
         lane saves a round trip on every delivery."""
         claimable, epochs = claims
-        fields = statements.loaded(row[:-1])
-        delivery_id, target_id = fields["delivery_id"], fields["target_id"]
-        partition = target_id % self.partitions.count
-        target = self.targets.get(target_id)
-        if partition not in claimable or target is None or target.row.held:
+        task = Task(**statements.loaded(row[:-1]))
+        target = self.targets.get(task.target_id)
+        if (
+            task.target_id % self.partitions.count not in claimable
+            or target is None
+            or target.row.held
+            # Held already (its retry scheduled), or the target at its cap.
+            or not self._own(target, task.delivery_id, row[-1])
+        ):
             return None
+        self._fence(task, epochs)
+        return task
+
+    def _own(self, target, delivery_id: int, cap) -> bool:
+        """Take the delivery's first reference and a place in its target's cap;
+        a delivery that finds the target full is noted as its overflow."""
         if not self.inflight.retain_idle(delivery_id):
-            return None  # the head is held already (its retry scheduled)
-        if not target.hold(row[-1]):
+            return False
+        if not target.hold(cap):
             self.inflight.release(delivery_id)
-            self.targets.note_overflow(target_id, delivery_id)
-            return None
-        task = Task(**fields)
+            self.targets.note_overflow(target.id, delivery_id)
+            return False
+        return True
+
+    def _fence(self, task: Task, epochs) -> None:
+        """The (partition, epoch) the task's result must be written under."""
+        partition = task.target_id % self.partitions.count
         if partition in epochs:
             task.fence = (partition, epochs[partition])
-        return task
 
     def release(self, task) -> None:
         self.targets.discharge(task.target_id)
