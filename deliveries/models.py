@@ -779,6 +779,13 @@ class Delivery(models.Model):
                 name="delivery_target_unfinished_idx",
                 condition=models.Q(status__in=["pending", "retrying"]),
             ),
+            # An ordered lane's head: its target's first unfinished delivery in
+            # event order, one probe however long the lane's backlog.
+            models.Index(
+                fields=["target", "event"],
+                name="delivery_lane_idx",
+                condition=models.Q(status__in=["pending", "retrying"]),
+            ),
         ]
 
     def __str__(self):

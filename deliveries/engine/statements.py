@@ -7,8 +7,8 @@ claim (joins, a `CASE`, lookups compiled again) cost an engine more than running
 them. Here they are text built
 once, with the ids as one parameter whatever their number: an array on
 PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
-connection), a JSON array read by `json_each` on SQLite. The head is planned on
-each run (PREPARED says why).
+connection), a JSON array read by `json_each` on SQLite. The head is prepared
+too (PREPARED says why).
 
 The columns are the models' own (`_meta`), and `loaded` turns each database's
 values into what the ORM would have given: tests/engine/test_engine_steps.py
@@ -65,11 +65,10 @@ def for_vendor(vendor: str) -> dict[str, str]:
     else:
         ids = "IN (SELECT value FROM json_each(%s))"
     status = column("d", "status")
-    # The head names the statuses as literals: a partial index
-    # (delivery_target_unfinished_idx) serves a query only when its text implies
-    # the index's condition. The load takes them as parameters, so that its
-    # prepared (generic) plan cannot prefer that index, scanned whole for the ids,
-    # to the primary key.
+    # The head names the statuses as literals: a partial index (delivery_lane_idx)
+    # serves a query only when its text implies the index's condition. The load
+    # takes them as parameters, so that its prepared (generic) plan cannot prefer
+    # such an index, scanned whole for the ids, to the primary key.
     unfinished = f"{status} IN ({', '.join(map(literal, Delivery.UNFINISHED))})"
     joined = f"{delivery} d JOIN {event} e ON e.id = {column('d', 'event')}"
     select = []
@@ -92,11 +91,15 @@ def for_vendor(vendor: str) -> dict[str, str]:
         ),
         # An ordered target's next delivery, its task whole and then its target's
         # max_queue_size (claims.Claimer.claim_head): one parameter, the target's id.
+        # A lane goes in event order: the first entry of the target's range of
+        # delivery_lane_idx. Event ids are given in the order events are stored,
+        # which is their order of arrival for a sender that waits for each 200;
+        # received_at would add nothing to that but a sort of the whole backlog.
         "head": (
             f"SELECT {', '.join(select)}, {column('t', 'max_queue_size')} FROM {joined} "
             f"JOIN {target} t ON t.id = {column('d', 'target')} "
             f"WHERE {column('d', 'target')} = %s AND {unfinished} "
-            f"ORDER BY {column('e', 'received_at')}, {column('d', 'event')}, d.id LIMIT 1"
+            f"ORDER BY {column('d', 'event')} LIMIT 1"
         ),
     }
 
@@ -112,11 +115,9 @@ def literal(value: str) -> str:
 
 
 # Statements PostgreSQL plans once per connection (webhooker/db/postgresql's
-# prepared cursor): a lookup by primary key, whose best plan is the same whatever
-# the values. `head` is planned on each run, as the ORM's queries are: how many
-# unfinished deliveries its target has decides between that target's index and
-# walking events by time, and a generic plan walked every event.
-PREPARED = frozenset({"load"})
+# prepared cursor): lookups whose best plan is the same whatever the values, by
+# primary key (`load`) or the first entry of an index range (`head`).
+PREPARED = frozenset({"load", "head"})
 
 
 def run(name: str, params: list) -> list[tuple]:

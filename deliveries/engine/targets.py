@@ -23,8 +23,8 @@ claim first meets the target and dropped when the target is deleted. Each holds:
   was full; intake reads them back from there once it has room.
 * its ordered lane (ordered targets: one delivery at a time, in event order).
   Intake, recovery and the overflow drain never claim an ordered target's rows
-  as they come; they note its lane, and intake reads its head (its oldest
-  unfinished delivery by event received_at, event id, id) and claims that alone.
+  as they come; they note its lane, and intake reads its head (its unfinished
+  delivery of the oldest event, by event id) and claims that alone.
   The head holds the lane through its retries; when it is released the next head
   is read: by the writer's thread as soon as the result commits, or by the next
   intake pass. `begin_head` lets one thread read a head at a time, and none while

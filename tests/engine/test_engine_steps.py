@@ -606,15 +606,27 @@ def test_the_claims_statements_are_built_once(entrypoint, make_target):
     assert len(texts) == 1, texts
 
 
+def test_a_lanes_head_is_its_oldest_events_delivery_whenever_that_was_made(entrypoint, make_target):
+    """A replay to an ordered target makes deliveries for older events after newer
+    events' deliveries already wait: the lane goes by event, not by delivery."""
+    older, newer = store(entrypoint, n=2)
+    target = make_target(url="http://127.0.0.1:9/x", ordered=True)
+    for event in (newer, older):
+        Delivery.objects.create(event=event, target=target)
+    engine = make_engine()
+    engine.targets.load({target.id})
+
+    assert engine.intake.head(target.id) == 1
+    assert [task.event_id for task in engine.channel.drain()] == [older.id]
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared plans")
-def test_a_lanes_head_is_planned_for_its_target_and_a_load_once(entrypoint, make_target):
-    """A load looks ids up by primary key: one plan serves every run. A head's best
-    plan depends on its target's backlog (its index, or events walked by time until
-    one is the target's): prepared, PostgreSQL's generic plan walked every event of a
-    large table for each head, and an ordered lane fell from 31 to 3.5 deliveries/s
-    (bench/RESULTS.md). Its statuses are literals, so the partial index of unfinished
-    deliveries serves it; the load's are parameters, so its generic plan cannot
-    scan that index whole for the ids."""
+def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
+    """A load looks ids up by primary key, and a head takes the first entry of its
+    target's range of the lane index (the target's unfinished deliveries by event):
+    one plan serves every run of each, so both are prepared. The head's statuses
+    are literals, so the partial index serves it; the load's are parameters, so
+    its generic plan cannot scan a partial index whole for the ids."""
     from deliveries.engine import statements
     from deliveries.engine.claims import load_tasks
     from tests.support.database import prepared
@@ -626,31 +638,39 @@ def test_a_lanes_head_is_planned_for_its_target_and_a_load_once(entrypoint, make
         load_tasks(Delivery.objects.values_list("id", flat=True))
     text = statements.for_vendor("postgresql")
 
-    assert prepared(text["head"]) == 0
+    assert prepared(text["head"]) == 1
     assert prepared(text["load"]) == 1
+    head, load = (
+        generic_plan(text["head"], f"({target.id})"),
+        generic_plan(text["load"], "('{1,2,3}', 'pending', 'retrying')"),
+    )
+    # The head: one probe of the lane index, nothing sorted, whatever the backlog.
+    assert "delivery_lane_idx" in head and "Sort" not in head, head
+    # (Which index the load picks over a test's few rows is the planner's guess;
+    # what the parameters rule out is a partial index, which it would scan whole.)
+    assert "unfinished_idx" not in load and "lane_idx" not in load, load
+
+
+def generic_plan(statement: str, arguments: str) -> str:
+    """The plan PostgreSQL keeps for a prepared statement, whatever its values."""
+    numbered = statement.split("%s")
+    text = numbered[0] + "".join(f"${n}{part}" for n, part in enumerate(numbered[1:], 1))
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + text["head"], [target.id])
-        head = "\n".join(row[0] for row in cursor.fetchall())
-        # The plan a prepared load keeps, whatever the number of ids.
         cursor.execute("SET plan_cache_mode = force_generic_plan")
         try:
-            load = text["load"].replace("%s", "$1", 1).replace("%s", "$2", 1).replace("%s", "$3")
-            cursor.execute(f"PREPARE generic_load AS {load}")
-            cursor.execute("EXPLAIN EXECUTE generic_load('{1,2,3}', 'pending', 'retrying')")
-            load = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute(f"PREPARE generic_plan AS {text}")
+            cursor.execute(f"EXPLAIN EXECUTE generic_plan{arguments}")
+            return "\n".join(row[0] for row in cursor.fetchall())
         finally:
-            cursor.execute("DEALLOCATE generic_load")
+            cursor.execute("DEALLOCATE generic_plan")
             cursor.execute("RESET plan_cache_mode")
-    assert "delivery_target_unfinished_idx" in head, head
-    # (Which index it picks over a test's few rows is the planner's guess; what the
-    # parameters rule out is a partial index, which it would scan whole.)
-    assert "unfinished_idx" not in load, load
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's planner; see the test")
 def test_the_claims_statements_use_the_indexes(entrypoint, make_target):
     """The ids of a load come as a JSON array on SQLite: it must still look each up
-    (never scan the deliveries), and a lane's head must come through a target index."""
+    (never scan the deliveries), and a lane's head must be the first entry of its
+    target's range of the lane index: nothing sorted, whatever the backlog."""
     from deliveries.engine import statements
 
     make_target(url="http://127.0.0.1:9/x", ordered=True)
@@ -662,8 +682,8 @@ def test_the_claims_statements_use_the_indexes(entrypoint, make_target):
         cursor.execute("EXPLAIN QUERY PLAN " + sql["head"], [1])
         head = " / ".join(row[-1] for row in cursor.fetchall())
     assert "SEARCH d USING" in load and "SCAN d" not in load, load
-    assert "SEARCH d USING INDEX delivery_target" in head, head
-    assert "SCAN d" not in head, head
+    assert "SEARCH d USING INDEX delivery_lane_idx" in head, head
+    assert "SCAN d" not in head and "TEMP B-TREE" not in head, head
 
 
 # --- the result writer --------------------------------------------------------
