@@ -47,6 +47,23 @@ def test_the_audit_log_masks_every_egress_secret(user, keys):
     assert "s3cr3t" not in text
 
 
+def test_a_secret_in_the_audit_log_is_masked_without_being_parsed():
+    """A secret may begin like a number run into a keyword ("5jor…", "3if…"):
+    masking it must not run it through Python's parser, which warned on stderr
+    ("invalid imaginary literal") for such secrets."""
+    import warnings
+
+    from deliveries import audit
+
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        for secret in ("5jorQx9Wm2sKp0", "3ifAb", "0xfor1"):
+            assert audit.mask(secret) == audit.MASK
+    assert [str(w.message) for w in warned] == []
+    config = {"url": "https://example.com/in", "basic_password": "s3cr3t"}
+    assert "s3cr3t" not in audit.mask(repr(config))
+
+
 def test_a_masked_header_does_not_follow_a_new_host(user, keys):
     hook = Webhook.objects.create(name="w", owner=user)
     target = Target.objects.create(
