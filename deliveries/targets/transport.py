@@ -360,7 +360,7 @@ def _options(req: Request, headers) -> dict:
     if req.proxy is not None:
         options["proxy"] = req.proxy.url
         if req.proxy.username or req.proxy.password:
-            auth = aiohttp.BasicAuth(req.proxy.username, req.proxy.password).encode()
+            auth = egress.basic_authorization(req.proxy.username, req.proxy.password)
             if req.url.scheme == "https":  # on the CONNECT, never inside the tunnel
                 options["proxy_headers"] = {"Proxy-Authorization": auth}
             else:  # plain http goes to the proxy as it is

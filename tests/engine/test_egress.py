@@ -262,7 +262,8 @@ def test_basic_auth_fields(entrypoint, webhook, servers):
 
 def test_every_delivery_goes_through_delivery_proxy(entrypoint, webhook, servers, proxy, settings):
     port, forwarded = proxy
-    settings.DELIVERY_PROXY = f"http://ops:pr0xy@127.0.0.1:{port}"
+    # Credentials past ASCII in UTF-8, as a target's Basic auth (RFC 7617).
+    settings.DELIVERY_PROXY = f"http://ops:pr0xy-%C3%BC@127.0.0.1:{port}"
     target_port, seen = receiver(servers)
     result = deliver(entrypoint, webhook, url=f"http://127.0.0.1:{target_port}/in")
     assert result.success, result.error
@@ -270,7 +271,7 @@ def test_every_delivery_goes_through_delivery_proxy(entrypoint, webhook, servers
         {
             "method": "POST",
             "target": f"http://127.0.0.1:{target_port}/in",
-            "auth": "Basic " + base64.b64encode(b"ops:pr0xy").decode(),
+            "auth": "Basic " + base64.b64encode("ops:pr0xy-ü".encode()).decode(),
         }
     ]
     assert len(seen.seen) == 1
