@@ -7,7 +7,6 @@ from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import F
 from django.template.loader import render_to_string
 from django.urls import reverse
-from unfold.contrib.filters.admin import RangeDateTimeFilter
 
 from deliveries import export
 from deliveries.admin import search
@@ -25,6 +24,7 @@ from deliveries.admin.base import (
     status_badge,
 )
 from deliveries.admin.filters import (
+    AwareRangeDateTimeFilter,
     CappedChoicesDropdownFilter,
     DeliveryWebhookFilter,
     FaultFilter,
@@ -89,7 +89,7 @@ class DeliveryAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
         ("target__type", CappedChoicesDropdownFilter),
         DeliveryWebhookFilter,
         TargetFilter,
-        ("created_at", RangeDateTimeFilter),
+        ("created_at", AwareRangeDateTimeFilter),
     ]
     list_filter_submit = True
     search_fields = ["=event__code"]

@@ -12,7 +12,6 @@ from django.template.defaultfilters import filesizeformat
 from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.html import format_html
-from unfold.contrib.filters.admin import RangeDateTimeFilter
 
 from deliveries import bodies, export
 from deliveries.admin import search
@@ -27,6 +26,7 @@ from deliveries.admin.base import (
     delivery_buttons,
 )
 from deliveries.admin.filters import (
+    AwareRangeDateTimeFilter,
     DeliveryStatusFilter,
     EntrypointFilter,
     WebhookFilter,
@@ -80,7 +80,7 @@ class EventAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
     list_filter = [
         WebhookFilter,
         EntrypointFilter,
-        ("received_at", RangeDateTimeFilter),
+        ("received_at", AwareRangeDateTimeFilter),
         DeliveryStatusFilter,
     ]
     list_filter_submit = True
