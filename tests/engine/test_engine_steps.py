@@ -629,7 +629,7 @@ def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
     its generic plan cannot scan a partial index whole for the ids."""
     from deliveries.engine import statements
     from deliveries.engine.claims import load_tasks
-    from tests.support.database import prepared
+    from tests.support.database import generic_plan, prepared
 
     target = make_target(url="http://127.0.0.1:9/x", ordered=True)
     store(entrypoint, n=2)
@@ -649,21 +649,6 @@ def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
     # (Which index the load picks over a test's few rows is the planner's guess;
     # what the parameters rule out is a partial index, which it would scan whole.)
     assert "unfinished_idx" not in load and "lane_idx" not in load, load
-
-
-def generic_plan(statement: str, arguments: str) -> str:
-    """The plan PostgreSQL keeps for a prepared statement, whatever its values."""
-    numbered = statement.split("%s")
-    text = numbered[0] + "".join(f"${n}{part}" for n, part in enumerate(numbered[1:], 1))
-    with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
-        try:
-            cursor.execute(f"PREPARE generic_plan AS {text}")
-            cursor.execute(f"EXPLAIN EXECUTE generic_plan{arguments}")
-            return "\n".join(row[0] for row in cursor.fetchall())
-        finally:
-            cursor.execute("DEALLOCATE generic_plan")
-            cursor.execute("RESET plan_cache_mode")
 
 
 @pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's planner; see the test")
