@@ -1,6 +1,7 @@
 """The engine's HTTP client (deliveries/targets/transport.py) against real local
 servers: what one receiver's trouble may cost the others."""
 
+import os
 import threading
 
 from deliveries.targets import transport
@@ -43,3 +44,21 @@ def test_a_connect_timeout_above_five_seconds_is_named_as_one(full_listener):
         f"http://127.0.0.1:{full_listener}/", data=b"{}", headers={}, timeout=5.2
     )
     assert outcome.error.split("\n", 1)[0] == "could not connect within 5.2 s"
+
+
+def test_a_forked_child_sends_on_a_loop_of_its_own(sink):
+    """A process forked after the parent's loop started (gunicorn's workers from a
+    preloaded master, multiprocessing's fork) inherits the loop but not the thread
+    that runs it: its first attempt starts a loop of its own."""
+    url = f"http://127.0.0.1:{sink.port}/forked"
+    assert transport.post(url, data=b"{}", headers={}, timeout=3).success
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 if its post went through
+        code = 1
+        try:
+            code = 0 if transport.post(url, data=b"{}", headers={}, timeout=3).success else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert transport.post(url, data=b"{}", headers={}, timeout=3).success
