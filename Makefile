@@ -33,7 +33,7 @@ run: $(INSTALLED)-run
 
 # Tests keep their data (SQLite file, secret key, sockets) apart from `make run`'s.
 # In parallel on TEST_WORKERS (default: one per core), then the serial tests alone
-# (they restart PostgreSQL, or sample timings). Exit code 5 is "nothing selected".
+# (they time what a busy machine would starve). Exit code 5 is "nothing selected".
 TEST_WORKERS ?= auto
 test: $(INSTALLED)-test
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -n $(TEST_WORKERS) \

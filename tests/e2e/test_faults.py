@@ -1,18 +1,21 @@
 """The fault suite, short: about thirty faults into real processes on PostgreSQL
 (tests/support/faults/suite.py). `make chaos` runs the long one and writes
-docs/faults.md. Serial: it restarts the PostgreSQL server every other test uses."""
+docs/faults.md. The suite restarts PostgreSQL: a server of its own
+(tests.support.postgres), so it runs beside the other tests."""
 
 import os
 from pathlib import Path
 
 import psycopg
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from tests.support.faults.proxy import Proxy
 from tests.support.faults.suite import run
+from tests.support.postgres import PrivateServer, binaries
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.serial]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def postgresql_only():
@@ -57,20 +60,26 @@ def test_a_cut_lock_connection_fails_within_its_deadline():
         proxy.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(int(os.environ.get("CHAOS_TIMEOUT", "900")))
-def test_faults_lose_nothing_and_duplicate_only_what_was_in_flight(user, data_dir):
+def test_faults_lose_nothing_and_duplicate_only_what_was_in_flight(data_dir):
     postgresql_only()
+    if binaries() is None:
+        pytest.skip("the suite restarts a PostgreSQL server of its own: no initdb here")
     faults = int(os.environ.get("CHAOS_FAULTS", "30"))
-    report = run(
-        user,
-        data_dir,
-        faults=faults,
-        interval=float(os.environ.get("CHAOS_INTERVAL", "3.0")),
-        seed=int(os.environ.get("CHAOS_SEED", "1")),
-        # make chaos times each isolated fault's hand-over: 15 s of calm after it.
-        # make test records no timings, and its faults need no more than 5.
-        quiet=float(os.environ.get("CHAOS_QUIET", "5")),
-    )
+    with PrivateServer() as server, server.serving(connection):
+        owner = get_user_model().objects.create_user("owner")
+        report = run(
+            owner,
+            data_dir,
+            faults=faults,
+            interval=float(os.environ.get("CHAOS_INTERVAL", "3.0")),
+            seed=int(os.environ.get("CHAOS_SEED", "1")),
+            pg_restart=server.restart_command(),
+            # make chaos times each isolated fault's hand-over: 15 s of calm after it.
+            # make test records no timings, and its faults need no more than 5.
+            quiet=float(os.environ.get("CHAOS_QUIET", "5")),
+        )
     summary = report.markdown()
     print(summary)
     if os.environ.get("CHAOS_REPORT"):

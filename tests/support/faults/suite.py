@@ -281,25 +281,13 @@ class Cluster:
             self.web.stop()
 
 
-def pg_restart_command() -> list[str] | None:
-    versions = (
-        sorted(p.name for p in Path("/etc/postgresql").glob("*"))
-        if Path("/etc/postgresql").is_dir()
-        else []
-    )
-    s = connection.settings_dict
-    if not versions or (s["HOST"] or "127.0.0.1") not in ("127.0.0.1", "localhost"):
-        return None
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"]
-
-
 class Injector:
-    def __init__(self, cluster: Cluster, rng: random.Random, *, pg_restarts: bool):
+    def __init__(self, cluster: Cluster, rng: random.Random, *, pg_restart: list[str] | None):
         self.cluster = cluster
         self.rng = rng
         self.faults: list[Fault] = []
         self.threads: list[threading.Thread] = []
-        self.pg_restart = pg_restart_command() if pg_restarts else None
+        self.pg_restart = pg_restart
         self.global_lock = threading.Lock()
 
     def inject(self, kind=None, length=None, isolated=False) -> Fault | None:
@@ -641,19 +629,21 @@ def run(
     interval: float,
     engines: int = 3,
     seed: int = 1,
-    pg_restarts=True,
+    pg_restart: list[str] | None = None,
     quiet: float = QUIET,
 ):
-    """Run the suite; return the Report. `quiet`: seconds of calm after each
-    isolated fault, which its hand-over timing needs (make chaos); a short run
-    that records no timings may keep it short."""
+    """Run the suite; return the Report. `pg_restart`: the command that restarts
+    the PostgreSQL server (tests.support.postgres.PrivateServer's), None for no
+    pg_restart fault. `quiet`: seconds of calm after each isolated fault, which its
+    hand-over timing needs (make chaos); a short run that records no timings may
+    keep it short."""
     rng = random.Random(seed)
     receiver = Receiver()
     codes = make_targets(user, receiver)
     cluster = Cluster(data_dir, engines)
     sampler = Sampler()
     load = None
-    injector = Injector(cluster, rng, pg_restarts=pg_restarts)
+    injector = Injector(cluster, rng, pg_restart=pg_restart)
     began = time.time()
     try:
         cluster.start()
