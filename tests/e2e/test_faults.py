@@ -85,6 +85,7 @@ def test_faults_lose_nothing_and_duplicate_only_what_was_in_flight(data_dir):
     if os.environ.get("CHAOS_REPORT"):
         Path(os.environ["CHAOS_REPORT"]).write_text(report.page("make chaos"))
     assert sum(report.faults.values()) == faults
+    assert report.failed == []
     assert report.acked > 0
     assert report.lost == []
     assert report.set_back == []

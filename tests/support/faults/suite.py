@@ -90,6 +90,8 @@ class Fault:
     isolated: bool = False
     # The faulted engine's lock session when it began.
     lock_pid: int | None = None
+    # Why the fault could not be injected (or undone) as drawn; None: it was.
+    failed: str | None = None
 
     def window(self) -> tuple[float, float]:
         """When an attempt in flight at this fault may have been sent twice."""
@@ -325,6 +327,8 @@ class Injector:
         rng = random.Random(self.rng.random())
         try:
             getattr(self, "_" + fault.kind)(fault, slot, rng)
+        except Exception as exc:
+            fault.failed = f"{type(exc).__name__}: {exc}"
         finally:
             fault.ended = fault.ended or time.time()
             slot.busy.release()
@@ -379,6 +383,8 @@ class Injector:
     def _pg_restart(self, fault):
         try:
             subprocess.run(self.pg_restart, check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:
+            fault.failed = f"{type(exc).__name__}: {exc}"
         finally:
             fault.ended = time.time()
             self.global_lock.release()
@@ -398,11 +404,14 @@ class Report:
     order_violations: dict
     handover: dict
     seconds: float
+    # Faults drawn but not injected as drawn (the kind and why): a run that
+    # injected less than it says proves less.
+    failed: list
 
     def clean(self) -> bool:
-        return not (self.lost or self.unexplained or self.set_back or self.two_results) and not any(
-            self.order_violations.values()
-        )
+        return not (
+            self.lost or self.unexplained or self.set_back or self.two_results or self.failed
+        ) and not any(self.order_violations.values())
 
     def page(self, command: str) -> str:
         """docs/faults.md: what ran, and its figures."""
@@ -436,6 +445,7 @@ class Report:
             f"- deliveries set back after success: {len(self.set_back)}",
             f"- attempts with two results: {len(self.two_results)}",
             f"- order violations per ordered target: {self.order_violations}",
+            f"- faults not injected as drawn: {len(self.failed)}",
         ]
         for kind, figures in sorted(self.handover.items()):
             lines.append(f"- {kind}: " + ", ".join(f"{k} {v}" for k, v in figures.items()))
@@ -531,6 +541,7 @@ def check(load: Load, receiver: Receiver, injector: Injector, sampler: Sampler, 
         order_violations=order,
         handover=handover_times(injector.faults, sampler, cluster),
         seconds=seconds,
+        failed=[f"{f.kind}: {f.failed}" for f in injector.faults if f.failed],
     )
 
 
