@@ -24,6 +24,7 @@ import dataclasses
 import email.utils
 import functools
 import os
+import selectors
 import ssl
 import threading
 import time
@@ -467,6 +468,20 @@ class SendsHTTP(TargetType):
         return wait(self.request(task, body))
 
 
+def _disowned(loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """The parent's loop, inherited by a forked child, made harmless to the parent.
+
+    The child's copy of the loop's epoll descriptor names the parent's epoll
+    instance, not a copy of it: a transport of the parent's kept-alive connections
+    closed in the child (a session dropped, collected) would take that connection
+    out of the parent's loop, whose next attempt on it then hears nothing until its
+    deadline. The copy gets a selector of its own, empty, so nothing done to it
+    reaches the parent's. `_selector` is asyncio's (BaseSelectorEventLoop), the one
+    private name of it webhooker touches (tests/unit/test_contracts.py)."""
+    loop._selector = selectors.DefaultSelector()
+    return loop
+
+
 def _new_session(connector) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(
         connector=connector,
@@ -494,6 +509,8 @@ class Client:
         self._told = False
         self._sending: set = set()  # the loop's tasks, held until done
         self._proxied: aiohttp.ClientSession | None = None
+        # In a forked child: the parent's loop and sessions, never used or closed.
+        self._inherited: list = []
         # Vets destinations sent through a proxy (_vet_destination).
         self.guard = GuardedResolver()
 
@@ -552,6 +569,8 @@ class Client:
             return loop  # every attempt asks: no lock once it runs
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
+                if self._loop is not None:  # a forked child: the parent's are inherited
+                    self._inherited.append((_disowned(self._loop), self._session, self._proxied))
                 self._pid = os.getpid()
                 self._session = self._proxied = None
                 self._starts.clear()

@@ -1,6 +1,6 @@
 """The private names of other libraries webhooker overrides or reads, each in one
 place: Django's and psycopg's in webhooker/db/, uvicorn's in
-webhooker/server/protocol.py. Their pins
+webhooker/server/protocol.py, asyncio's in deliveries/targets/transport.py. Their pins
 in pyproject.toml hold them; these tests say at once, by name, which one an upgrade
 renamed or reshaped, instead of a behaviour failing somewhere far from it."""
 
@@ -80,3 +80,19 @@ def test_uvicorn_protocol_sets_what_the_protocol_reads():
     source = inspect.getsource(HttpToolsProtocol)
     for name in ("self.url", "self.scope", "self.loop", "self.transport"):
         assert name in source, name
+
+
+def test_asyncio_selector_loops_keep_their_selector_where_a_forked_child_replaces_it():
+    """transport._disowned gives a loop inherited across fork a selector of its own:
+    asyncio's selector loop must keep it in `_selector` and register and unregister
+    its readers and writers there."""
+    import asyncio
+    import selectors
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert isinstance(loop._selector, selectors.BaseSelector)
+        for method in ("_add_reader", "_remove_reader", "_remove_writer"):
+            assert "self._selector" in inspect.getsource(getattr(type(loop), method)), method
+    finally:
+        loop.close()
