@@ -4,7 +4,8 @@ restarts this one, so it can run beside the others, which share the machine's se
 
     with PrivateServer() as server, server.serving(connection):
         ...  # every connection made here, and DATABASE_URL of the processes
-             # started here, goes to the private server; server.restart() restarts it
+             # started here, go to the private server; server.restart_command()
+             # is what restarts it
 
 The server's binaries are the newest under /usr/lib/postgresql (Debian's layout), or
 those on PATH. Run as root, each command runs as the `postgres` user, as the server
@@ -27,7 +28,9 @@ from tests.support.processes import free_port
 def binaries() -> Path | None:
     """The directory of initdb, pg_ctl, pg_dump and psql; None when there is none."""
     debian = sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name), reverse=True
+        (p for p in Path("/usr/lib/postgresql").glob("*/bin") if p.parent.name.isdigit()),
+        key=lambda p: int(p.parent.name),
+        reverse=True,
     )
     for directory in [*debian, *(Path(p) for p in os.environ.get("PATH", "").split(":") if p)]:
         if all((directory / tool).exists() for tool in ("initdb", "pg_ctl", "pg_dump", "psql")):
