@@ -2,10 +2,6 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Compiled bytecode is cached in __pycache__ (git-ignored) even where the environment
-# says not to (PYTHONDONTWRITEBYTECODE): the suite starts hundreds of gunicorn and
-# engine processes, each of which would otherwise compile webhooker's modules again.
-unexport PYTHONDONTWRITEBYTECODE
 # One stamp per set of extras: `make run` installs only what running needs, the
 # test and benchmark tools come with `make test` and `make bench`.
 INSTALLED := $(VENV)/.installed
