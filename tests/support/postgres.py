@@ -122,11 +122,8 @@ class PrivateServer:
         here = ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
         name = settings_dict["NAME"]
         self._run("psql", *here, "-d", "postgres", "-q", "-c", f'CREATE DATABASE "{name}"')
-        dump = subprocess.run(
+        dump = self._call(
             [str(self.bin / "pg_dump"), *source, "--no-owner", "--no-privileges", name],
-            check=True,
-            capture_output=True,
-            timeout=120,
             env={**os.environ, "PGPASSWORD": settings_dict.get("PASSWORD") or ""},
         )
         self._run("psql", *here, "-d", name, "-q", "-v", "ON_ERROR_STOP=1", input=dump.stdout)
