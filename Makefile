@@ -33,13 +33,15 @@ run: $(INSTALLED)-run
 
 # Tests keep their data (SQLite file, secret key, sockets) apart from `make run`'s.
 # In parallel on TEST_WORKERS (default: one per core), then the serial tests alone
-# (they time what a busy machine would starve). Exit code 5 is "nothing selected".
+# (they time what a busy machine would starve). Serial tests live in tests/e2e
+# (tests/conftest.py refuses one elsewhere): collecting only that folder spares the
+# second run collecting the whole suite. Exit code 5 is "nothing selected".
 TEST_WORKERS ?= auto
 test: $(INSTALLED)-test
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -n $(TEST_WORKERS) \
 		--dist worksteal -m "not serial" $(PYTEST_ARGS)
-	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -m serial $(PYTEST_ARGS) \
-		|| [ $$? -eq 5 ]
+	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -m serial \
+		$(or $(PYTEST_ARGS),tests/e2e) || [ $$? -eq 5 ]
 
 lint: $(INSTALLED)-test
 	$(VENV)/bin/ruff check .

@@ -1,6 +1,7 @@
 import importlib
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import trustme
@@ -20,11 +21,24 @@ for _name in tracing.CONFIGURED_BY:
     os.environ.pop(_name, None)
 
 
+SERIAL_HOME = Path(__file__).parent / "e2e"
+
+
 def pytest_collection_modifyitems(items):
     """The tests that start real processes (marked e2e) first: some take minutes,
     and one handed out last would keep a worker busy long after the others had
     finished (pytest-xdist hands tests out in this order; make test lets an idle
-    worker take the rest of another's share)."""
+    worker take the rest of another's share).
+
+    A test marked serial must live in tests/e2e: make test's serial run collects
+    that folder alone."""
+    strays = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("serial") and SERIAL_HOME not in item.path.parents
+    ]
+    if strays:
+        raise pytest.UsageError(f"marked serial outside tests/e2e: {', '.join(strays)}")
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
