@@ -5,6 +5,7 @@ Every use of uvicorn's internals (its parser callbacks, `url`, `scope`,
 an upgrade renames or reshapes one of them.
 """
 
+from django.conf import settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from webhooker.request_context import HEADER_NAMES
@@ -20,7 +21,6 @@ class Protocol(HttpToolsProtocol):
     header byte a minute, or grow one header without end.
     """
 
-    HEADER_TIMEOUT = 10.0
     MAX_REQUEST_LINE = 8190
     MAX_FIELDS = 200
     MAX_FIELD_SIZE = 16384
@@ -93,7 +93,9 @@ class Protocol(HttpToolsProtocol):
 
     def _arm_head_deadline(self):
         if self._head_deadline is None:
-            self._head_deadline = self.loop.call_later(self.HEADER_TIMEOUT, self._head_late)
+            self._head_deadline = self.loop.call_later(
+                settings.WEBHOOKER_HEADER_TIMEOUT, self._head_late
+            )
 
     def _disarm_head_deadline(self):
         if self._head_deadline is not None:
