@@ -121,20 +121,23 @@ class Proxy:
                 self._selector.register(server, selectors.EVENT_READ, "data")
 
     def _forward(self, source) -> None:
-        try:
-            data = source.recv(65536)
-        except OSError:
-            data = b""
         with self._lock:
+            # Cut since the selector answered: nothing is read, so what was sent
+            # waits in the kernel and goes on once healed, as TCP would retransmit
+            # it. Read now and dropped, it would leave a hole in the stream.
+            if self._cut:
+                return
+            try:
+                data = source.recv(65536)
+            except OSError:
+                data = b""
             sink = self._peer.get(source)
-            if data and sink is not None and not self._cut:
+            if data and sink is not None:
                 try:
                     sink.sendall(data)
                     return
                 except OSError:
                     pass
-            if data and self._cut:
-                return
             # One side closed (or failed): close both.
             for sock in (source, sink):
                 if sock is None:
