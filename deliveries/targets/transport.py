@@ -469,15 +469,13 @@ class SendsHTTP(TargetType):
 
 
 def _disowned(loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
-    """The parent's loop, inherited by a forked child, made harmless to the parent.
-
-    The child's copy of the loop's epoll descriptor names the parent's epoll
-    instance, not a copy of it: a transport of the parent's kept-alive connections
-    closed in the child (a session dropped, collected) would take that connection
-    out of the parent's loop, whose next attempt on it then hears nothing until its
-    deadline. The copy gets a selector of its own, empty, so nothing done to it
-    reaches the parent's. `_selector` is asyncio's (BaseSelectorEventLoop), the one
-    private name of it webhooker touches (tests/unit/test_contracts.py)."""
+    """The parent's loop, inherited by a forked child, made harmless to the parent:
+    the copy's epoll descriptor names the parent's epoll instance, so an inherited
+    transport closed in the child (a session collected) would take a kept-alive
+    connection out of the parent's loop, whose next attempt on it would then hear
+    nothing until its deadline. The copy gets an empty selector of its own.
+    `_selector` is asyncio's (BaseSelectorEventLoop), the one private name of it
+    webhooker touches (tests/unit/test_contracts.py)."""
     loop._selector = selectors.DefaultSelector()
     return loop
 
