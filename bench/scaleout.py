@@ -61,14 +61,13 @@ def balanced(n: int, count: int) -> bool:
     return len(per_engine) == n and max(per_engine.values()) <= fair_share(count, n)
 
 
-def grow(data_dir, running: list, n: int, count: int, **env) -> list:
+def grow(data_dir, running: list, n: int, count: int, **env) -> None:
     """Start engines until `n` run, and wait until they share the partitions
     fairly. Growing the same engines 1, 2, 4 (as an operator scales out) rather
     than starting each count afresh: each start costs an engine two seconds of
     CPU before it claims anything, taken from the engines being measured."""
     running += [start_engine(data_dir, verbosity=0, **env) for _ in range(n - len(running))]
     wait_until(lambda: balanced(n, count), timeout=120, message=f"{n} engines sharing")
-    return running
 
 
 def stop(running: list, n: int) -> None:

@@ -355,7 +355,7 @@ if 0 < WEBHOOKER_BODY_FILE_BYTES < 64 * 1024:
         f"WEBHOOKER_BODY_FILE_BYTES={WEBHOOKER_BODY_FILE_BYTES} must be 0 or at least 65536"
     )
 # Seconds a client has to send a request's line and headers, from the connection's
-# start or the end of its previous request; past this, the connection is closed.
+# start (or a later request's first byte on it); past this, the connection is closed.
 WEBHOOKER_HEADER_TIMEOUT = _number("WEBHOOKER_HEADER_TIMEOUT", 10.0, cast=float, minimum=0.1)
 # Seconds a client has to send a whole request body: the event loop (webhooker/server/)
 # reads it, so a slow sender costs a connection, never a thread; past this, 408.
