@@ -64,8 +64,8 @@ def balanced(n: int, count: int) -> bool:
 def grow(data_dir, running: list, n: int, count: int, **env) -> None:
     """Start engines until `n` run, and wait until they share the partitions
     fairly. Growing the same engines 1, 2, 4 (as an operator scales out) rather
-    than starting each count afresh: each start costs an engine two seconds of
-    CPU before it claims anything, taken from the engines being measured."""
+    than starting each count afresh: a start's imports and setup cost CPU before
+    the engine claims anything, taken from the engines being measured."""
     running += [start_engine(data_dir, verbosity=0, **env) for _ in range(n - len(running))]
     wait_until(lambda: balanced(n, count), timeout=120, message=f"{n} engines sharing")
 
