@@ -354,6 +354,9 @@ if 0 < WEBHOOKER_BODY_FILE_BYTES < 64 * 1024:
     raise ImproperlyConfigured(
         f"WEBHOOKER_BODY_FILE_BYTES={WEBHOOKER_BODY_FILE_BYTES} must be 0 or at least 65536"
     )
+# Seconds between refreshes of the console's live pages: the dashboard's figures, and
+# a delivery or a replay job the engine may still change (each reloads itself).
+WEBHOOKER_CONSOLE_REFRESH = _number("WEBHOOKER_CONSOLE_REFRESH", 5, minimum=1)
 # Seconds a client has to send a request's line and headers, from the connection's
 # start (or a later request's first byte on it); past this, the connection is closed.
 WEBHOOKER_HEADER_TIMEOUT = _number("WEBHOOKER_HEADER_TIMEOUT", 10.0, cast=float, minimum=0.1)

@@ -41,9 +41,6 @@ _COLOURS = {
     Delivery.Status.FAILED: "#b91c1c",
     Delivery.Status.FILTERED: "#0e7490",
 }
-# A page the engine may still change (a pending delivery, a running replay job)
-# reloads itself this often.
-REFRESH_SECONDS = 5
 # One per member of the model's choices: a status the model gains without a colour
 # above is a KeyError here, when the admin loads, not a grey badge.
 STATUS_COLOURS = {status: _COLOURS[status] for status in Delivery.Status}

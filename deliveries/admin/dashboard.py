@@ -8,6 +8,7 @@ handful of rows: the page must stay fast on a history of millions.
 
 import datetime
 
+from django.conf import settings
 from django.db.models import Avg, CharField, Count, Q
 from django.db.models.functions import Cast, Substr
 from django.template.response import TemplateResponse
@@ -285,6 +286,7 @@ def context(user, now=None):
             .order_by("-created_at")[:5]
         ),
         "now": now,
+        "refresh_ms": settings.WEBHOOKER_CONSOLE_REFRESH * 1000,
     }
 
 

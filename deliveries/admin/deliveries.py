@@ -2,6 +2,7 @@
 with the delivery's state in one statement, reloading itself while the delivery is
 on its way), the Redeliver and Retry now actions and buttons."""
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
 from django.db.models import F
@@ -11,7 +12,6 @@ from django.urls import reverse
 from deliveries import export
 from deliveries.admin import search
 from deliveries.admin.base import (
-    REFRESH_SECONDS,
     CappedCountPaginator,
     ExportsList,
     OwnedAdmin,
@@ -141,7 +141,7 @@ class DeliveryAdmin(OffersReplay, ExportsList, ReadOnlyMixin, OwnedAdmin):
             read_consistently(obj)
             # The page reloads itself while the engine may still change it.
             if obj.status in Delivery.UNFINISHED:
-                context["refresh_seconds"] = REFRESH_SECONDS
+                context["refresh_seconds"] = settings.WEBHOOKER_CONSOLE_REFRESH
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.display(description="Attempts, newest first")

@@ -3,6 +3,7 @@ delivery lists' filters) after its dry-run count, followed on a page that reload
 itself, paused, resumed and cancelled. The engines run them (deliveries/replays.py)."""
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -15,7 +16,6 @@ from unfold.widgets import UnfoldAdminCheckboxSelectMultipleWidget, UnfoldAdminS
 
 from deliveries import replays
 from deliveries.admin.base import (
-    REFRESH_SECONDS,
     DateTimeLocalWidget,
     OwnedAdmin,
     ask_first,
@@ -306,7 +306,7 @@ class ReplayJobAdmin(OwnedAdmin):
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         if obj is not None and not obj.is_over():
-            context["refresh_seconds"] = REFRESH_SECONDS
+            context["refresh_seconds"] = settings.WEBHOOKER_CONSOLE_REFRESH
         context.update(
             show_save=False, show_save_and_continue=False, show_save_and_add_another=False
         )

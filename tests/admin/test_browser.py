@@ -102,8 +102,13 @@ def test_the_console_journey(viewport, browser, sink, data_dir, settings):
     settings.PASSWORD_HASHERS = global_settings.PASSWORD_HASHERS
     User.objects.create_superuser("admin", password=PASSWORD)
     # A failed attempt waits a minute for its retry: long enough that only the
-    # Retry now button can bring it forward within the test.
-    env = {"DELIVERY_POLL_INTERVAL": "0.2", "DELIVERY_BACKOFF_BASE": "60"}
+    # Retry now button can bring it forward within the test. The live pages
+    # refresh every second, not every five: the journey watches them do it.
+    env = {
+        "DELIVERY_POLL_INTERVAL": "0.2",
+        "DELIVERY_BACKOFF_BASE": "60",
+        "WEBHOOKER_CONSOLE_REFRESH": "1",
+    }
     web, base = start_web(data_dir, workers=1, **env)
     engine = start_engine(data_dir, **env)
     ARTIFACTS.mkdir(exist_ok=True)

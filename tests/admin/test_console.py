@@ -188,14 +188,15 @@ def test_the_dashboard_says_how_long_ago_an_engine_stopped_in_seconds(alice):
     assert "0 minutes" not in body
 
 
-def test_the_dashboard_reloads_from_its_live_url(alice):
+def test_the_dashboard_reloads_from_its_live_url(alice, settings):
+    settings.WEBHOOKER_CONSOLE_REFRESH = 7
     _hook, target, *_ = world(alice, "h")
     Target.objects.filter(pk=target.pk).pause("maintenance window")
     Alert.objects.create(target=target, kind="disabled", message="too many failures")
     client = client_for(alice)
     page = client.get(reverse("admin:index")).content.decode()
     live = reverse("dashboard_live")
-    assert f'data-live="{live}"' in page
+    assert f'data-live="{live}" data-refresh="7000"' in page  # every 7 s, as set
     fragment = client.get(live)
     assert fragment.status_code == 200
     body = fragment.content.decode()

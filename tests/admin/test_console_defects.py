@@ -161,11 +161,15 @@ def test_the_delivery_page_never_shows_a_torn_view(alice, after):
     ("status", "refreshes"),
     [("pending", True), ("retrying", True), ("delivered", False), ("failed", False)],
 )
-def test_the_delivery_page_refreshes_itself_while_on_its_way(alice, status, refreshes):
+def test_the_delivery_page_refreshes_itself_while_on_its_way(alice, status, refreshes, settings):
+    settings.WEBHOOKER_CONSOLE_REFRESH = 7
     *_, delivery = world(alice, "h")
     Delivery.objects.filter(pk=delivery.pk).update(status=status)
     body = delivery_page(client_for(alice), delivery).content.decode()
-    assert bool(Tags(body).find("meta", **{"http-equiv": "refresh"})) == refreshes
+    meta = Tags(body).find("meta", **{"http-equiv": "refresh"})
+    assert bool(meta) == refreshes
+    if refreshes:  # as often as the setting says
+        assert meta[0]["content"] == "7"
 
 
 # --- 5. A new webhook's inbound URL at the top, with a curl to try it -------------

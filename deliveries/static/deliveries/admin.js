@@ -29,9 +29,8 @@ document.addEventListener("formset:added", (event) => {
   event.target.querySelectorAll("select[data-target-type]").forEach(showTypeFields);
 });
 
-// The dashboard refreshes its figures in place every few seconds (no full reload),
-// and pauses while the tab is hidden.
-const DASHBOARD_REFRESH_MS = 5000;
+// The dashboard refreshes its figures in place every WEBHOOKER_CONSOLE_REFRESH
+// seconds (data-refresh, in ms; no full reload), and pauses while the tab is hidden.
 
 async function refreshDashboard() {
   const current = document.getElementById("wh-dashboard");
@@ -49,7 +48,8 @@ async function refreshDashboard() {
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  if (document.getElementById("wh-dashboard")) setInterval(refreshDashboard, DASHBOARD_REFRESH_MS);
+  const dashboard = document.getElementById("wh-dashboard");
+  if (dashboard) setInterval(refreshDashboard, Number(dashboard.dataset.refresh) || 5000);
 });
 
 // The hourly chart's figures on hover (and on tap, on phones).
