@@ -32,11 +32,14 @@ run: $(INSTALLED)-run
 	$(PY) manage.py serve
 
 # Tests keep their data (SQLite file, secret key, sockets) apart from `make run`'s.
-# In parallel on TEST_WORKERS (default: one per core), then the serial tests alone
-# (they time what a busy machine would starve). Serial tests live in tests/e2e
+# In parallel on TEST_WORKERS, then the serial tests alone (they time what a busy
+# machine would starve). The default is one worker more than the cores: the suite's
+# tests spend much of their time waiting on the processes they start (gunicorn,
+# engines, receivers, a browser, PostgreSQL), and one worker per core left the
+# cores idle meanwhile (bench/RESULTS.md). Serial tests live in tests/e2e
 # (tests/conftest.py refuses one elsewhere): collecting only that folder spares the
 # second run collecting the whole suite. Exit code 5 is "nothing selected".
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(INSTALLED)-test
 	DATA_DIR=$${TEST_DATA_DIR:-$(CURDIR)/.pytest-data} $(PY) -m pytest -n $(TEST_WORKERS) \
 		--dist worksteal -m "not serial" $(PYTEST_ARGS)
