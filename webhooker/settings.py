@@ -389,13 +389,13 @@ AUDITLOG_CID_GETTER = "deliveries.audit.request_id"
 
 # --- Delivery engine (docs/architecture.md, The engine); read when it is built -------------
 DELIVERY_WORKERS = _number("DELIVERY_WORKERS", 4, minimum=1)
-DELIVERY_INFLIGHT = _number("DELIVERY_INFLIGHT", 2000, minimum=1)
+DELIVERY_INFLIGHT = _number("DELIVERY_INFLIGHT", 5000, minimum=1)
 DELIVERY_CHANNEL_SIZE = _number("DELIVERY_CHANNEL_SIZE", 10_000, minimum=1)
 DELIVERY_POLL_INTERVAL = _number("DELIVERY_POLL_INTERVAL", 1.0, cast=float, minimum=0.01)
 DELIVERY_RECOVERY_INTERVAL = _number("DELIVERY_RECOVERY_INTERVAL", 60.0, cast=float, minimum=0.01)
 DELIVERY_STALE_AFTER = _number("DELIVERY_STALE_AFTER", 900.0, cast=float, minimum=0)
 DELIVERY_RECOVERY_BATCH = _number("DELIVERY_RECOVERY_BATCH", 500, minimum=1)
-DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 10, minimum=1)
+DELIVERY_TARGET_CONCURRENCY = _number("DELIVERY_TARGET_CONCURRENCY", 15, minimum=1)
 # How many of one replay job's deliveries to one target are queued at a time
 # (deliveries/replays.py): pausing or cancelling a job lets at most these finish.
 REPLAY_WINDOW = _number("REPLAY_WINDOW", 100, minimum=1)

@@ -18,7 +18,7 @@ class EngineConfig:
     # Threads that prepare attempts (and run the database and log targets).
     workers: int = 4
     # HTTP attempts one engine keeps in flight at once (sender.py).
-    inflight: int = 2000
+    inflight: int = 5000
     channel_size: int = 10_000
     # Seconds between intake passes when no wake hint arrives.
     poll_interval: float = 1.0
@@ -27,7 +27,7 @@ class EngineConfig:
     stale_after: float = 900.0
     recovery_batch: int = 500
     # Attempts one target may have running at once (invariant 7).
-    target_concurrency: int = 10
+    target_concurrency: int = 15
     backoff_base: float = 1.0
     backoff_cap: float = 3600.0
     breaker_cooldown: float = CircuitBreaker.COOLDOWN

@@ -131,6 +131,29 @@ def test_the_engine_raises_its_open_files_limit_for_its_attempts_in_flight(data_
         assert engine.stop(signal.SIGTERM) == 0
 
 
+def test_an_engine_whose_hard_limit_is_short_keeps_fewer_attempts_in_flight(data_dir):
+    """Attempts past the open-files limit would fail as "connection failed" against
+    their receivers: under a hard limit of 1 536 the engine keeps what fits beside
+    its other files (1 024 of them: 512, and at least half the limit) and says so."""
+    argv = shlex.join(rundelivery_command("-v", "1"))
+    engine = Process(
+        ["bash", "-c", f"ulimit -n 1536 && exec {argv}"],
+        process_env(data_dir),
+        data_dir / "rundelivery-short-nofile.log",
+    )
+    try:
+        wait_until(
+            lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
+            message="engine heartbeat",
+        )
+        assert (
+            "open files are limited to 1536 (the hard limit): 768 attempts in flight at most, "
+            f"not DELIVERY_INFLIGHT={settings.DELIVERY_INFLIGHT}"
+        ) in engine.log()
+    finally:
+        assert engine.stop(signal.SIGTERM) == 0
+
+
 def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, sink, data_dir):
     """With the poll at 30 s, only the hint can deliver within the test's time."""
     make_target(url=sink.url("/w"), name="w")

@@ -51,24 +51,31 @@ logger = logging.getLogger("deliveries.engine")
 FILES_BESIDE_ATTEMPTS = 1024
 
 
-def allow_open_files(need: int) -> int:
-    """Raise the soft limit of open files to `need`, as far as the hard limit goes
-    (1 024 is a common soft limit, below the default DELIVERY_INFLIGHT: attempts
-    past it would fail as "connection failed", counted against their receivers).
-    Returns the limit now; warns when it is still short."""
+def allow_open_files(inflight: int) -> int:
+    """Raise the soft limit of open files to what `inflight` attempts need beside
+    the rest, as far as the hard limit goes (1 024 is a common soft limit, below
+    the default DELIVERY_INFLIGHT). Returns the attempts that fit: past the limit
+    they would fail as "connection failed", counted against their receivers, so an
+    engine whose hard limit is short keeps fewer in flight (at least half the
+    limit), and says so."""
+    need = inflight + FILES_BESIDE_ATTEMPTS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    if soft != resource.RLIM_INFINITY and soft < need:
-        logger.warning(
-            "open files are limited to %d (the hard limit): fewer than DELIVERY_INFLIGHT=%d "
-            "attempts can be in flight; raise the limit (LimitNOFILE, ulimit -n) or lower "
-            "DELIVERY_INFLIGHT",
-            soft,
-            settings.DELIVERY_INFLIGHT,
-        )
-    return soft
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return inflight
+    soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    if soft >= need:
+        return inflight
+    fits = max(soft - FILES_BESIDE_ATTEMPTS, soft // 2)
+    logger.warning(
+        "open files are limited to %d (the hard limit): %d attempts in flight at most, "
+        "not DELIVERY_INFLIGHT=%d; raise the limit (LimitNOFILE, ulimit -n) or lower "
+        "DELIVERY_INFLIGHT",
+        soft,
+        fits,
+        inflight,
+    )
+    return fits
 
 
 class Command(BaseCommand):
@@ -101,13 +108,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         logging.getLogger("deliveries").setLevel(LOG_LEVELS[options["verbosity"]])
-        allow_open_files(settings.DELIVERY_INFLIGHT + FILES_BESIDE_ATTEMPTS)
         # The engine serves no page: Django's debug mode (on in dev) would only
         # format every query it runs and keep the last 9 000 per thread (it showed
         # in a profile of the engine, bench/RESULTS.md).
         settings.DEBUG = False
         tune_garbage_collector()
         config = EngineConfig.from_settings(
+            inflight=allow_open_files(settings.DELIVERY_INFLIGHT),
             workers=options["workers"],
             channel_size=options["channel_size"],
             name=f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:6]}",
