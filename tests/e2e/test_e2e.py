@@ -1,5 +1,6 @@
 """End to end with real processes: gunicorn, rundelivery and a local sink."""
 
+import contextlib
 import os
 import re
 import shlex
@@ -110,48 +111,44 @@ def test_sigterm_lets_the_running_attempt_finish_and_exits_0(
     assert status.stopped_at is not None and status.inflight == 0
 
 
-def test_the_engine_raises_its_open_files_limit_for_its_attempts_in_flight(data_dir):
-    """A soft limit of 1 024 open files (a common default) is below the default
-    DELIVERY_INFLIGHT: the engine raises it as far as the hard limit allows."""
+@contextlib.contextmanager
+def engine_under_ulimit(data_dir, option: str, name: str):
+    """An engine started under `ulimit <option>`, once it has written its heartbeat;
+    stopped with SIGTERM, which it must obey."""
     argv = shlex.join(rundelivery_command("-v", "1"))
     engine = Process(
-        ["bash", "-c", f"ulimit -Sn 1024 && exec {argv}"],
+        ["bash", "-c", f"ulimit {option} && exec {argv}"],
         process_env(data_dir),
-        data_dir / "rundelivery-nofile.log",
+        data_dir / f"rundelivery-{name}.log",
     )
     try:
         wait_until(
             lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
             message="engine heartbeat",
         )
+        yield engine
+    finally:
+        assert engine.stop(signal.SIGTERM) == 0
+
+
+def test_the_engine_raises_its_open_files_limit_for_its_attempts_in_flight(data_dir):
+    """A soft limit of 1 024 open files (a common default) is below the default
+    DELIVERY_INFLIGHT: the engine raises it as far as the hard limit allows."""
+    with engine_under_ulimit(data_dir, "-Sn 1024", "nofile") as engine:
         limits = Path(f"/proc/{engine.popen.pid}/limits").read_text()
         soft, hard = re.search(r"Max open files\s+(\S+)\s+(\S+)", limits).groups()
         assert int(soft) == min(int(hard), settings.DELIVERY_INFLIGHT + 1024)
-    finally:
-        assert engine.stop(signal.SIGTERM) == 0
 
 
 def test_an_engine_whose_hard_limit_is_short_keeps_fewer_attempts_in_flight(data_dir):
     """Attempts past the open-files limit would fail as "connection failed" against
     their receivers: under a hard limit of 1 536 the engine keeps what fits beside
     its other files (1 024 of them: 512, and at least half the limit) and says so."""
-    argv = shlex.join(rundelivery_command("-v", "1"))
-    engine = Process(
-        ["bash", "-c", f"ulimit -n 1536 && exec {argv}"],
-        process_env(data_dir),
-        data_dir / "rundelivery-short-nofile.log",
-    )
-    try:
-        wait_until(
-            lambda: EngineStatus.objects.filter(stopped_at=None).exists(),
-            message="engine heartbeat",
-        )
+    with engine_under_ulimit(data_dir, "-n 1536", "short-nofile") as engine:
         assert (
             "open files are limited to 1536 (the hard limit): 768 attempts in flight at most, "
             f"not DELIVERY_INFLIGHT={settings.DELIVERY_INFLIGHT}"
         ) in engine.log()
-    finally:
-        assert engine.stop(signal.SIGTERM) == 0
 
 
 def test_wake_hint_carries_new_deliveries_not_the_poll(entrypoint, make_target, sink, data_dir):
