@@ -1,6 +1,8 @@
+import fcntl
 import importlib
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,6 +42,23 @@ def pytest_collection_modifyitems(items):
     if strays:
         raise pytest.UsageError(f"marked serial outside tests/e2e: {', '.join(strays)}")
     items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
+@pytest.fixture(autouse=True)
+def engines_take_turns(request):
+    """Tests marked `engines` start several engines (and the benchmarks' a web side
+    besides) on the test PostgreSQL server, each engine holding a connection per
+    thread that uses the database. Two of them at once on parallel workers passed the
+    server's max_connections (100: "too many clients"), so they take turns across the
+    workers, on a lock beside the run's data."""
+    if request.node.get_closest_marker("engines") is None:
+        yield
+        return
+    lock = Path(os.environ.get("DATA_DIR") or tempfile.gettempdir()) / "engines.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # released when closed
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

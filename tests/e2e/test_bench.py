@@ -70,6 +70,7 @@ SCALEOUT_FIGURES = [
 
 
 @pytest.mark.e2e
+@pytest.mark.engines
 @pytest.mark.timeout(600)
 def test_make_bench_prints_every_figure_with_its_baseline():
     """On PostgreSQL only: its run goes through every script and phase SQLite's

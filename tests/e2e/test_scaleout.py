@@ -28,7 +28,7 @@ from tests.support.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.e2e, pytest.mark.engines]
 # The tests whose promise is a time (a hand-over within a second and a half, a lost
 # lock noticed within two): run alone after the parallel run, as a busy machine
 # would starve the sampler and the engines they time. The rest hold on any load.
