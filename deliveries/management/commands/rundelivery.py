@@ -66,15 +66,16 @@ def allow_open_files(inflight: int) -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     if soft >= need:
         return inflight
-    fits = max(soft - FILES_BESIDE_ATTEMPTS, soft // 2)
-    logger.warning(
-        "open files are limited to %d (the hard limit): %d attempts in flight at most, "
-        "not DELIVERY_INFLIGHT=%d; raise the limit (LimitNOFILE, ulimit -n) or lower "
-        "DELIVERY_INFLIGHT",
-        soft,
-        fits,
-        inflight,
-    )
+    fits = min(inflight, max(soft - FILES_BESIDE_ATTEMPTS, soft // 2, 1))
+    if fits < inflight:
+        logger.warning(
+            "open files are limited to %d (the hard limit): %d attempts in flight at most, "
+            "not DELIVERY_INFLIGHT=%d; raise the limit (LimitNOFILE, ulimit -n) or lower "
+            "DELIVERY_INFLIGHT",
+            soft,
+            fits,
+            inflight,
+        )
     return fits
 
 
