@@ -45,3 +45,25 @@ def test_attempts_in_flight_fit_the_open_files_limit(
     assert limits["soft"] == soft_after
     warned = [r for r in caplog.records if "open files are limited" in r.getMessage()]
     assert len(warned) == (fits < inflight)
+
+
+def test_the_engine_is_built_with_the_attempts_that_fit(limits, settings, monkeypatch):
+    """rundelivery hands what fits to the engine, not DELIVERY_INFLIGHT."""
+    import logging
+
+    from django.core.management import call_command
+
+    built = []
+    monkeypatch.setattr(rundelivery, "tune_garbage_collector", lambda: None)
+    for run in ("_run_alone", "_run_partitioned"):
+        monkeypatch.setattr(
+            rundelivery.Command, run, lambda self, config, options: built.append(config)
+        )
+    limits.update(soft=1024, hard=1536)
+    settings.DELIVERY_INFLIGHT = 5000
+    level = logging.getLogger("deliveries").level
+    try:
+        call_command("rundelivery", verbosity=0)
+    finally:
+        logging.getLogger("deliveries").setLevel(level)
+    assert [config.inflight for config in built] == [768]
