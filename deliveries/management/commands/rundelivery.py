@@ -171,14 +171,17 @@ class Command(BaseCommand):
     def _install_signals(self, engine):
         """SIGINT or SIGTERM: drain and exit; a second one: exit at once.
 
-        The handler itself only writes a byte to a pipe: anything that takes a lock
-        (the stop Event's set(), a write to a buffered stream) could deadlock when
-        the signal lands while this thread holds that lock. A thread of its own
-        reads the pipe and acts."""
+        Each signal is a byte on a pipe, written by the interpreter's own C handler
+        (signal.set_wakeup_fd) in whichever thread the kernel gave the signal to; a
+        thread of its own reads the pipe and acts. The Python-level handler, which
+        does nothing, only keeps the signals from ending the process: it runs in
+        the main thread alone, and only once that thread runs Python code again.
+        The main thread sleeps on the engine's stop, so a signal the kernel handed
+        to another thread, and handled through it, was never acted on. And a
+        handler that took a lock (the stop Event's set(), a buffered stream's
+        write) could deadlock when the signal landed while its thread held it."""
         read_end, write_end = os.pipe()
-
-        def on_signal(signum, frame):
-            os.write(write_end, b"s")
+        os.set_blocking(write_end, False)  # as set_wakeup_fd requires
 
         def act():
             while os.read(read_end, 1):
@@ -194,5 +197,11 @@ class Command(BaseCommand):
                     faulthandler.dump_traceback_later(STOP_REPORT_AFTER)
 
         threading.Thread(target=act, name="signals", daemon=True).start()
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGTERM, on_signal)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _noticed_on_the_pipe)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+
+def _noticed_on_the_pipe(signum, frame):
+    """The signals' Python-level handler: the wakeup pipe carries them
+    (Command._install_signals)."""
