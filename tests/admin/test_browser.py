@@ -19,6 +19,7 @@ import pytest
 import requests
 from django.conf import global_settings
 from django.contrib.auth.models import User
+from django.db import connections
 
 from deliveries.models import Delivery, Entrypoint, Event, Webhook
 from tests.support.processes import start_engine, start_web, wait_until
@@ -67,8 +68,15 @@ def browser(monkeypatch):
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        yield browser
-        browser.close()
+        try:
+            yield browser
+        finally:
+            browser.close()
+            # While Playwright's loop runs on this thread, asgiref keeps Django's
+            # connections apart from the thread's own: the test's queries opened one
+            # of their own, which the database teardown never saw. Left open, it kept
+            # PostgreSQL from dropping the test database at the end of the run.
+            connections.close_all()
 
 
 class Journey:
