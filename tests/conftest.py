@@ -32,6 +32,12 @@ def pytest_collection_modifyitems(items):
     finished (pytest-xdist hands tests out in this order; make test lets an idle
     worker take the rest of another's share).
 
+    Before them, the tests that take turns (marked engines, engines_take_turns):
+    at the head of one worker's share they run one after another on that worker,
+    which an idle worker takes from the tail of, never the head. Further down, other
+    workers stole some of them and sat in the turn's lock, idle: 3½ of a 7-minute
+    PostgreSQL run's worker-minutes.
+
     A test marked serial must live in tests/e2e: make test's serial run collects
     that folder alone."""
     strays = [
@@ -41,7 +47,12 @@ def pytest_collection_modifyitems(items):
     ]
     if strays:
         raise pytest.UsageError(f"marked serial outside tests/e2e: {', '.join(strays)}")
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("engines") is None,
+            item.get_closest_marker("e2e") is None,
+        )
+    )
 
 
 @pytest.fixture(autouse=True)
