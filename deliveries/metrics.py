@@ -94,8 +94,18 @@ def _allocate(pid: int) -> bool:
 
 def event_received(webhook_code, size: int) -> None:
     if counting():
-        EVENTS.labels(webhook=str(webhook_code)).inc()
-        EVENT_BYTES.labels(webhook=str(webhook_code)).observe(size)
+        events, sizes = _event_series(webhook_code)
+        events.inc()
+        sizes.observe(size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _event_series(webhook_code):
+    """A webhook's event counter and size histogram series, looked up once per
+    process rather than on every inbound event (prometheus-client keeps every
+    series it has made anyway)."""
+    label = str(webhook_code)
+    return EVENTS.labels(webhook=label), EVENT_BYTES.labels(webhook=label)
 
 
 def event_rejected(entrypoint_code) -> None:
