@@ -34,7 +34,8 @@ def pytest_collection_modifyitems(items):
 
     Before them, the tests that take turns (marked engines, engines_take_turns):
     at the head of one worker's share they run one after another on that worker,
-    which an idle worker takes from the tail of, never the head. Further down, other
+    which an idle worker takes from the tail of, never the head (unless all
+    behind them is taken already, when an idle worker may take some and wait). Further down, other
     workers stole some of them and sat in the turn's lock, idle: 3½ of a 7-minute
     PostgreSQL run's worker-minutes.
 

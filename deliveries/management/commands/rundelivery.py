@@ -184,7 +184,9 @@ class Command(BaseCommand):
         os.set_blocking(write_end, False)  # as set_wakeup_fd requires
 
         def act():
-            while os.read(read_end, 1):
+            while received := os.read(read_end, 1):
+                if received[0] not in (signal.SIGINT, signal.SIGTERM):
+                    continue  # another signal someone gave a Python handler
                 if engine.stop_event.is_set():
                     sys.stderr.write("rundelivery: forced exit\n")
                     os._exit(1)
@@ -197,9 +199,11 @@ class Command(BaseCommand):
                     faulthandler.dump_traceback_later(STOP_REPORT_AFTER)
 
         threading.Thread(target=act, name="signals", daemon=True).start()
+        # The pipe first: a signal between the two would find the handler that
+        # does nothing and no pipe to tell.
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _noticed_on_the_pipe)
-        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
 
 
 def _noticed_on_the_pipe(signum, frame):
