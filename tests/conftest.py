@@ -34,10 +34,10 @@ def pytest_collection_modifyitems(items):
 
     Before them, the tests that take turns (marked engines, engines_take_turns):
     at the head of one worker's share they run one after another on that worker,
-    which an idle worker takes from the tail of, never the head (unless all
-    behind them is taken already, when an idle worker may take some and wait). Further down, other
-    workers stole some of them and sat in the turn's lock, idle: 3½ of a 7-minute
-    PostgreSQL run's worker-minutes.
+    since an idle worker takes from the tail of another's share (from them only
+    once all behind them is taken). Handed out further down, they were spread over
+    the workers, and a worker that took one sat idle in the turn's lock: 3.6 of a
+    PostgreSQL run's 22 worker-minutes.
 
     A test marked serial must live in tests/e2e: make test's serial run collects
     that folder alone."""

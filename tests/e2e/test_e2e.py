@@ -117,8 +117,9 @@ def test_a_stop_signal_taken_by_any_of_the_engines_threads_stops_it(data_dir, si
     it, not always the main one (a CI run saw it: one engine of three ran on 60 s
     after its SIGTERM, until killed). Python runs its handler only in the main
     thread, which must not then sleep on, unaware, until something wakes it. Here
-    the signal goes to each thread but the main one in turn (kill(2) with a
-    thread's id picks that thread first)."""
+    each of three engines gets it through a thread other than the main one, from a
+    different third of its threads (kill(2) with a thread's id picks that thread
+    first)."""
     for n in range(3):
         engine = start_engine(data_dir, **FAST)
         try:
