@@ -38,7 +38,7 @@ from tests.support.processes import start_engine, wait_until  # noqa: E402
 TARGETS = 200
 SLOW = 0.5
 LANE_LATENCY = 0.020
-# Alternated rounds of the instant and the slow drain (run()).
+# Alternated rounds of the instant, slow and transform drains (run()).
 ROUNDS = 3
 # What a receiver of three fields asks for (README, Transformations).
 SMALL_TRANSFORM = '{body: {id: .body.id, type: .body.type}, headers: {"X-Source": "bench"}}'
@@ -123,7 +123,7 @@ def run(data_dir, webhook_factory, seconds):
     lane, lane_port = clients.start_sink(LANE_LATENCY)
     try:
         n = int(max(1000, min(20_000, 1000 * seconds)))
-        # Rounds of the instant and the slow drain, alternated, each round's ratios
+        # Rounds of the instant, slow and transform drains, alternated, each round's ratios
         # taken against its own instant drain and the bare baseline measured around
         # it; the figures are the rounds' medians. On two shared cores one drain's
         # CPU per delivery and the baseline each moved by a quarter from run to run,

@@ -2,9 +2,11 @@
 (rundelivery.allow_open_files); the limit itself is the kernel's, faked here. A real
 engine under `ulimit` is in tests/e2e/test_e2e.py."""
 
+import logging
 import resource
 
 import pytest
+from django.core.management import call_command
 
 from deliveries.management.commands import rundelivery
 
@@ -49,10 +51,6 @@ def test_attempts_in_flight_fit_the_open_files_limit(
 
 def test_the_engine_is_built_with_the_attempts_that_fit(limits, settings, monkeypatch):
     """rundelivery hands what fits to the engine, not DELIVERY_INFLIGHT."""
-    import logging
-
-    from django.core.management import call_command
-
     built = []
     monkeypatch.setattr(rundelivery, "tune_garbage_collector", lambda: None)
     for run in ("_run_alone", "_run_partitioned"):
