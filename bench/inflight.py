@@ -111,7 +111,10 @@ def drain(data_dir, ids, **env):
         used = engine_cpu_seconds(engine.popen.pid) - started
     finally:
         engine.stop(signal.SIGTERM)
-    return data.drained_rate(ids), used / len(ids)
+    rate, cpu = data.drained_rate(ids), used / len(ids)
+    # Each drain's own figures, for reading a run whose medians moved.
+    print(f"# drain: {len(ids)}, {rate:.0f}/s, {cpu * 1000:.3f} ms CPU each", file=sys.stderr)
+    return rate, cpu
 
 
 def run(data_dir, webhook_factory, seconds):
@@ -144,6 +147,7 @@ def run(data_dir, webhook_factory, seconds):
                 targets = make_targets(hook, port, TARGETS, **fields)
                 rates[label] = drain(data_dir, spread_backlog(hook, targets, n, data.BODY))
             after = clients.measure("urllib3_serial", instant_port, 3000, 1)["cpu_ms"] / 1000
+            print(f"# bare urllib3 POST: {after * 1000:.3f} ms CPU", file=sys.stderr)
             measured.append((rates, (bare + after) / 2))
             bare = after
         median = statistics.median

@@ -1,5 +1,5 @@
-"""How a long-running webhooker process sets up the interpreter once it has loaded
-(the delivery engine, gunicorn's workers).
+"""How the delivery engine (rundelivery) sets up the interpreter once it has
+loaded.
 
 CPython's cyclic garbage collector runs a young collection every 700 net
 allocations of container objects and now and then walks every object the process
@@ -14,13 +14,13 @@ import gc
 
 # Young collections after this many net allocations of container objects
 # (CPython's default: 700), the older generations after 20 collections of the one
-# below. An engine draining a backlog makes next to no garbage in cycles (with
-# the collector off, 10 000 deliveries left some 400 objects for it, the threads'
-# own at exit), so a collection mostly walks live objects: the tasks claimed and
-# waiting, the attempts in flight. Fewer collections walk them fewer times; what
-# garbage in cycles there is (an exception's traceback) waits for at most this
-# many allocations, a few megabytes.
-THRESHOLDS = (100_000, 20, 20)
+# below. An engine makes next to no garbage in cycles: with the collector off,
+# 10 000 deliveries left some 400 objects for it (the threads' own at exit), and a
+# failed attempt lets go of its exception's frames (targets/errors.let_go). So a
+# young collection walks live objects, the attempts in flight, and the fewer
+# collections the fewer walks; what garbage in cycles there is waits for at most
+# this many allocations, tens of megabytes were every one of them garbage.
+THRESHOLDS = (300_000, 20, 20)
 
 
 def tune_garbage_collector() -> None:

@@ -47,7 +47,7 @@ from deliveries.targets.base import (
     Outcome,
     TargetType,
 )
-from deliveries.targets.errors import connect_timed_out, describe, failure_class
+from deliveries.targets.errors import connect_timed_out, describe, failure_class, let_go
 from deliveries.targets.guard import (
     GuardedResolver,
     blocked_reason,
@@ -380,6 +380,7 @@ async def _post_once(req: Request, headers) -> Outcome:
                     excerpt = await _excerpt(response)
                 except (aiohttp.ClientError, OSError) as exc:  # broke off mid-body
                     excerpt = f"<response body unreadable: {exc}>".encode()
+                    let_go(exc)
                 # Read to its end, the connection goes back to the pool; a longer
                 # answer's connection is closed rather than drained.
                 response.release()
@@ -401,6 +402,7 @@ async def _excerpt(response, limit: int = RESPONSE_BODY_LIMIT) -> bytes:
 
 
 def _failed(exc: BaseException, timeout: float) -> Outcome:
+    let_go(exc)  # its words are all the outcome keeps (errors.let_go)
     reason = blocked_reason(exc)
     if reason:
         return Outcome(success=False, error=f"blocked: {reason}", permanent=True, failure="blocked")
@@ -417,8 +419,7 @@ def _failed(exc: BaseException, timeout: float) -> Outcome:
 
 def _answered(response, excerpt: bytes) -> Outcome:
     code = response.status
-    answered = "\n".join(f"{k}: {v}" for k, v in response.headers.items())
-    answered = answered[:RESPONSE_HEADERS_LIMIT]
+    answered = "\n".join(f"{k}: {v}" for k, v in response.headers.items())[:RESPONSE_HEADERS_LIMIT]
     encoding = requests.utils.get_encoding_from_headers(response.headers) or "utf-8"
     try:
         body = excerpt.decode(encoding, "replace")
