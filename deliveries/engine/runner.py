@@ -148,19 +148,17 @@ class Workers:
 
     def __init__(self, engine: Engine):
         self.engine = engine
-        self._busy = 0
-        self._lock = threading.Lock()
-        # worker thread id -> when its current task began
+        # worker thread id -> when its current task began. Each worker sets and
+        # deletes its own key; one dict operation, or a copy of the values, is
+        # atomic under the GIL, so readers take no lock.
         self._since: dict[int, float] = {}
 
     def busy(self) -> int:
-        with self._lock:
-            return self._busy
+        return len(self._since)
 
     def all_stuck(self, began_before: float) -> bool:
         """Every worker busy with a task it began before `began_before`."""
-        with self._lock:
-            since = list(self._since.values())
+        since = list(self._since.values())
         return len(since) >= self.engine.config.workers and all(t < began_before for t in since)
 
     def run(self) -> None:
@@ -177,18 +175,14 @@ class Workers:
                 continue
             connection.close_if_unusable_or_obsolete()
             me = threading.get_ident()
-            with self._lock:
-                self._busy += 1
-                self._since[me] = time.monotonic()
+            self._since[me] = time.monotonic()
             sent = False
             try:
                 sent = engine.process(task)
             finally:
                 if not sent:
                     sender.unreserve()
-                with self._lock:
-                    self._busy -= 1
-                    del self._since[me]
+                del self._since[me]
 
 
 class Runner:
