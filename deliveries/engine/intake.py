@@ -300,12 +300,7 @@ class Intake:
         for target_id, from_id in targets.overflowed():
             if room <= 0:
                 break
-            batch = list(
-                Delivery.objects.unfinished()
-                .filter(target_id=target_id, id__gte=from_id)
-                .order_by("id")
-                .values_list(*CANDIDATE_FIELDS)[:room]
-            )
+            batch = statements.run("overflow", [target_id, from_id, room])
             if not batch:
                 advances.append((target_id, from_id, None))
                 continue

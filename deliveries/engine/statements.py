@@ -101,6 +101,15 @@ def for_vendor(vendor: str) -> dict[str, str]:
             f"WHERE {column('d', 'target')} = %s AND {unfinished} "
             f"ORDER BY {column('d', 'event')} LIMIT 1"
         ),
+        # A target's unfinished deliveries from an id on, oldest first, as claim
+        # candidates (claims.CANDIDATE_FIELDS): intake's overflow, one target at a
+        # time, each pass. Parameters: the target, the first id, how many.
+        "overflow": (
+            f"SELECT d.id, {status}, {column('d', 'target')}, {column('t', 'max_queue_size')} "
+            f"FROM {delivery} d JOIN {target} t ON t.id = {column('d', 'target')} "
+            f"WHERE {column('d', 'target')} = %s AND d.id >= %s AND {unfinished} "
+            "ORDER BY d.id LIMIT %s"
+        ),
     }
 
 
@@ -116,8 +125,8 @@ def literal(value: str) -> str:
 
 # Statements PostgreSQL plans once per connection (webhooker/db/postgresql's
 # prepared cursor): lookups whose best plan is the same whatever the values, by
-# primary key (`load`) or the first entry of an index range (`head`).
-PREPARED = frozenset({"load", "head"})
+# primary key (`load`) or the first entries of an index range (`head`, `overflow`).
+PREPARED = frozenset({"load", "head", "overflow"})
 
 
 def run(name: str, params: list) -> list[tuple]:

@@ -623,10 +623,12 @@ def test_a_lanes_head_is_its_oldest_events_delivery_whenever_that_was_made(entry
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared plans")
 def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
     """A load looks ids up by primary key, and a head takes the first entry of its
-    target's range of the lane index (the target's unfinished deliveries by event):
-    one plan serves every run of each, so both are prepared. The head's statuses
-    are literals, so the partial index serves it; the load's are parameters, so
-    its generic plan cannot scan a partial index whole for the ids."""
+    target's range of the lane index (the target's unfinished deliveries by event),
+    an overflow the first entries of its target's unfinished deliveries by id: one
+    plan serves every run of each, so they are prepared. The head's and the
+    overflow's statuses are literals, so the partial indexes serve them; the load's
+    are parameters, so its generic plan cannot scan a partial index whole for the
+    ids."""
     from deliveries.engine import statements
     from deliveries.engine.claims import load_tasks
     from tests.support.database import generic_plan, prepared
@@ -635,11 +637,15 @@ def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
     store(entrypoint, n=2)
     for _ in range(7):  # past psycopg's and PostgreSQL's thresholds for a plan kept
         assert statements.run("head", [target.id])
+        assert statements.run("overflow", [target.id, 0, 10])
         load_tasks(Delivery.objects.values_list("id", flat=True))
     text = statements.for_vendor("postgresql")
 
     assert prepared(text["head"]) == 1
     assert prepared(text["load"]) == 1
+    assert prepared(text["overflow"]) == 1
+    overflow = generic_plan(text["overflow"], f"({target.id}, 0, 10)")
+    assert "delivery_target_unfinished_idx" in overflow and "Sort" not in overflow, overflow
     head, load = (
         generic_plan(text["head"], f"({target.id})"),
         generic_plan(text["load"], "('{1,2,3}', 'pending', 'retrying')"),
@@ -666,9 +672,14 @@ def test_the_claims_statements_use_the_indexes(entrypoint, make_target):
         load = " / ".join(row[-1] for row in cursor.fetchall())
         cursor.execute("EXPLAIN QUERY PLAN " + sql["head"], [1])
         head = " / ".join(row[-1] for row in cursor.fetchall())
+        cursor.execute("EXPLAIN QUERY PLAN " + sql["overflow"], [1, 1, 10])
+        overflow = " / ".join(row[-1] for row in cursor.fetchall())
     assert "SEARCH d USING" in load and "SCAN d" not in load, load
     assert "SEARCH d USING INDEX delivery_lane_idx" in head, head
     assert "SCAN d" not in head and "TEMP B-TREE" not in head, head
+    # An overflow: its target's unfinished deliveries from an id on, by id.
+    assert "SEARCH d USING INDEX delivery_target_unfinished_idx" in overflow, overflow
+    assert "TEMP B-TREE" not in overflow, overflow
 
 
 # --- the result writer --------------------------------------------------------
