@@ -30,6 +30,9 @@ class SocketListener:
         self._sock.bind(self.path)
         os.chmod(self.path, 0o600)
         threading.Thread(target=self._run, name="wake-socket", daemon=True).start()
+        # A hint sent before the bind was lost, and what it named may have been
+        # stored after the engine's first intake pass: wake once, so that is at once.
+        self.event.set()
         return True
 
     def _run(self):

@@ -208,3 +208,19 @@ def test_an_alert_stuck_in_its_channel_does_not_hold_the_engines_stop(entrypoint
         running.thread.join(30)
         assert not running.thread.is_alive()
         assert time.monotonic() - started < 10
+
+
+def test_the_wake_socket_wakes_the_engine_once_bound(tmp_path):
+    """A hint sent before the engine binds its socket is lost (no one listens yet),
+    and the engine's first intake pass may have run before that event was stored:
+    without a wake once bound, the event would wait for the next poll
+    (DELIVERY_POLL_INTERVAL). PostgreSQL's listener wakes once LISTEN holds."""
+    from deliveries.engine.wakeup import SocketListener
+
+    woken = threading.Event()
+    listener = SocketListener(str(tmp_path / "wake.sock"), woken)
+    try:
+        assert listener.start()
+        assert woken.is_set()
+    finally:
+        listener.stop()
