@@ -1,14 +1,15 @@
 """The claim's statements, named in one place and built once per database vendor.
 
 A claim reads rows in two steps (claims.py): candidates, then the tasks of the
-ones it owns; an ordered lane's head is read whole in one. A lane reads a head for
-every delivery it sends, one at a time, so building these through the ORM on each
-claim (joins, a `CASE`, lookups compiled again) cost an engine more than running
-them. Here they are text built
-once, with the ids as one parameter whatever their number: an array on
-PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
-connection), a JSON array read by `json_each` on SQLite. The head is prepared
-too (PREPARED says why).
+ones it owns; an ordered lane's head is read whole in one, and an overflowed
+target's next candidates (intake.py) in one per target. A lane reads a head for
+every delivery it sends, one at a time, and intake reads each overflowed target
+on every pass, so building these through the ORM each time (joins, a `CASE`,
+lookups compiled again) cost an engine more than running them. Here they are
+text built once, with the ids as one parameter whatever their number: an array
+on PostgreSQL (`= ANY`, through the prepared cursor, so also planned once per
+connection), a JSON array read by `json_each` on SQLite. The head and the
+overflow are prepared too (PREPARED says why).
 
 The columns are the models' own (`_meta`), and `loaded` turns each database's
 values into what the ORM would have given: tests/engine/test_engine_steps.py

@@ -621,7 +621,7 @@ def test_a_lanes_head_is_its_oldest_events_delivery_whenever_that_was_made(entry
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared plans")
-def test_a_lanes_head_and_a_load_are_each_planned_once(entrypoint, make_target):
+def test_a_lanes_head_a_load_and_an_overflow_are_each_planned_once(entrypoint, make_target):
     """A load looks ids up by primary key, and a head takes the first entry of its
     target's range of the lane index (the target's unfinished deliveries by event),
     an overflow the first entries of its target's unfinished deliveries by id: one
