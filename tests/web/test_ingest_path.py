@@ -170,3 +170,32 @@ def test_prepare_threshold_none_in_the_settings_prepares_nothing(monkeypatch):
         cursor.execute(statement, ["x"])
     assert prepared("SELECT 'opt-out' ||") == 1
     assert connection.connection.prepare_threshold is None  # lifted only while executing
+
+
+@pytest.mark.django_db
+def test_a_prepared_cursor_reads_rows_in_binary_as_the_orm_reads_them(warm):
+    """Its rows come in PostgreSQL's binary format, read by psycopg's C loaders:
+    the same values as the ORM's (the timestamp aware, in UTC), and JSON already
+    decoded, where Django's text loaders give it as text."""
+    if connection.vendor != "postgresql":
+        pytest.skip("prepared statements are PostgreSQL's")
+    event = Event.objects.get()
+    with connection.prepared_cursor() as cursor:
+        cursor.execute(
+            "SELECT id, code, received_at, headers, body, body_size, deduplicated, method "
+            "FROM deliveries_event WHERE id = %s",
+            [event.id],
+        )
+        assert cursor.cursor.format == psycopg.pq.Format.BINARY
+        row = cursor.fetchone()
+    assert row == (
+        event.id,
+        event.code,
+        event.received_at,
+        event.headers,
+        event.body,
+        event.body_size,
+        event.deduplicated,
+        event.method,
+    )
+    assert row[2].utcoffset().total_seconds() == 0

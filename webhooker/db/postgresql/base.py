@@ -31,6 +31,13 @@ psycopg does not track the text of every client-bound query Django runs (its
 cache key holds the values). An explicit OPTIONS["prepare_threshold"] is obeyed:
 None there (a pooler that cannot keep prepared statements) means nothing is
 prepared, a number means psycopg's own behaviour.
+
+A PreparedCursor's rows come back in PostgreSQL's binary format, read by psycopg's
+C loaders: the statements run through it are read by webhooker's own code, never by
+a model. Django registers a text loader of its own for timestamptz, a subclass of
+psycopg's pure-Python one, which parses each value with a regular expression; in
+binary, timestamps, ids, UUIDs and JSON skip text parsing altogether. A binary
+timestamp is aware in the session's time zone, which Django sets to its own.
 """
 
 import select
@@ -75,6 +82,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         self.ensure_connection()
         with self.wrap_database_errors:
             cursor = PreparedCursor(self.connection)
+            cursor.format = psycopg.pq.Format.BINARY
             options = self.settings_dict["OPTIONS"]
             cursor.allowed = options.get("prepare_threshold", 0) is not None
             return self._prepare_cursor(cursor)
