@@ -11,6 +11,8 @@ An ordered lane's head is read whole and then claimed (`Claimer.claim_head`): it
 has no other claimant to race with.
 """
 
+from django.db import connection
+
 from deliveries.engine import statements
 from deliveries.engine.task import Task
 from deliveries.models import Delivery, Event
@@ -87,7 +89,7 @@ class Claimer:
         head's result was committed. So the row read is the row claimed, and the
         lane saves a round trip on every delivery."""
         claimable, epochs = claims
-        task = Task(**statements.loaded(row[:-1]))
+        task = Task(**statements.loaded(row[:-1], connection.vendor))
         target = self.targets.get(task.target_id)
         if (
             task.target_id % self.partitions.count not in claimable
@@ -128,7 +130,8 @@ def load_tasks(ids) -> list[Task]:
     for start in range(0, len(ids), LOAD_CHUNK):
         chunk = ids[start : start + LOAD_CHUNK]
         params = [statements.ids_parameter(chunk), *Delivery.UNFINISHED]
-        tasks += [Task(**statements.loaded(row)) for row in statements.run("load", params)]
+        rows = statements.run("load", params)
+        tasks += [Task(**statements.loaded(row, connection.vendor)) for row in rows]
     return tasks
 
 

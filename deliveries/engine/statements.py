@@ -149,28 +149,32 @@ def _uuid(value):
 
 
 def _json(value):
-    # Django loads jsonb as text on PostgreSQL too, for JSONField to decode.
-    return json.loads(value) if isinstance(value, str | bytes) else value
+    return json.loads(value)
 
 
 def _bytes(value):
     return None if value is None else bytes(value)
 
 
-# What each database's values need to become what the ORM gives.
+# What each database's values need to become what the ORM gives. PostgreSQL's rows
+# come from a prepared cursor in binary (webhooker/db/postgresql): aware datetimes,
+# UUIDs, decoded JSON and bytes already. SQLite's: naive datetimes, text.
 CONVERT = {
-    "next_attempt_at": _aware,
-    "received_at": _aware,
-    "event_code": _uuid,
-    "headers": _json,
-    "body": _bytes,
+    "sqlite": {
+        "next_attempt_at": _aware,
+        "received_at": _aware,
+        "event_code": _uuid,
+        "headers": _json,
+        "body": _bytes,
+    },
+    "postgresql": {},
 }
 
 
-def loaded(row: tuple) -> dict:
-    """A `load` row as Task fields."""
+def loaded(row: tuple, vendor: str) -> dict:
+    """A `load` row of this database as Task fields."""
     fields = dict(zip(TASK_COLUMNS, row, strict=True))
-    for name, convert in CONVERT.items():
+    for name, convert in CONVERT[vendor].items():
         fields[name] = convert(fields[name])
     fields["headers"] = fields["headers"] or []
     return fields
