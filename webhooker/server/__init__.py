@@ -18,6 +18,10 @@ answered 503 with Retry-After at once, from the event loop, so a flood is shed i
 microseconds per request and the backlog a worker can build is `queue` requests
 deep, which is why it recovers as soon as the flood stops.
 
+Responses held whole are sent by the event loop; a streaming response (an export,
+a file) is written from its pool thread piece by piece as it is produced, each write
+waiting for the client to take it (bridge._Stream).
+
 A sender that hangs up is "gone": its request is skipped if it has not started,
 and the inbound view checks just before COMMIT (environ["webhooker.gone"]), so an
 event is never stored for a sender that saw a timeout and will send it again.

@@ -27,6 +27,10 @@ OVERLOADED_RETRY_AFTER = 5
 SMALL_BODY = 64 * 1024
 # Probe requests (the healthcheck, /metrics) admitted at once in a worker.
 PROBE_QUEUE = 8
+# A response whose body comes in several pieces (an export, a file) is written to
+# the client as it is produced, in writes of at least this many bytes (a file's
+# 8 KiB blocks are gathered; an export's chunks of rows mostly go as they come).
+STREAM_WRITE = 64 * 1024
 
 
 class Edge:
@@ -106,15 +110,15 @@ class Edge:
         # what makes uvicorn send 100 Continue: not for a body left unread (too
         # large, refused whatever happens, nothing stored).
         watcher = asyncio.create_task(_watch(receive, gone)) if complete else None
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, send, gone, close=not complete, timeout=self.body_timeout)
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                lane.executor, self._call, environ
-            )
+            result = await loop.run_in_executor(lane.executor, self._call, environ, stream)
         finally:
             lane.inflight -= 1
             if watcher is not None:
                 watcher.cancel()
-        if result is None or gone.is_set():
+        if result is None or stream.started or gone.is_set():
             return
         status, headers, content = result
         if not complete:
@@ -160,18 +164,22 @@ class Edge:
         held[0] += size
         self.buffered += size
 
-    def _call(self, environ):
+    def _call(self, environ, stream):
         """Run the WSGI application on a pool thread; None if the sender left first."""
         if environ[GONE].is_set():
             return None
         # Waits for the SQLite writer are bounded from here, not from this thread.
         arrival = request_arrived.set(environ[ARRIVED])
         try:
-            return self._respond(environ)
+            return self._respond(environ, stream)
         finally:
             request_arrived.reset(arrival)
 
-    def _respond(self, environ):
+    def _respond(self, environ, stream):
+        """(status, headers, body) of a response held whole, for the event loop to
+        send. A streaming one (StreamingHttpResponse, FileResponse: an export of
+        any length) is written by `stream` from this thread as its pieces are
+        produced, never held whole: then the return value is None."""
         started = []
 
         def start_response(status, headers, exc_info=None):
@@ -179,16 +187,22 @@ class Edge:
 
         result = self.app(environ, start_response)
         try:
-            content = b"".join(result)
+            # Django's responses say whether they stream; any other WSGI
+            # application's list is one body, and an iterator is pieces.
+            if not getattr(result, "streaming", not isinstance(result, list | tuple)):
+                return (*_status_and_headers(started), b"".join(result))
+            # Iterated here, on the thread that ran the view: an export reads its
+            # rows through this thread's database connection as it goes.
+            pieces = iter(result)
+            stream.start(*_status_and_headers(started))
+            for piece in pieces:
+                if not stream.write(piece):
+                    return None  # the client hung up: nothing more is produced
+            stream.end()
+            return None
         finally:
             if hasattr(result, "close"):
                 result.close()
-        status, headers = started
-        return (
-            int(status.split(" ", 1)[0]),
-            [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-            content,
-        )
 
     async def _lifespan(self, receive, send):
         while True:
@@ -200,6 +214,71 @@ class Edge:
                     lane.executor.shutdown(wait=True)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _status_and_headers(started) -> tuple[int, list[tuple[bytes, bytes]]]:
+    status, headers = started
+    return (
+        int(status.split(" ", 1)[0]),
+        [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+    )
+
+
+class _Stream:
+    """A response written to the client from a pool thread, piece by piece, each
+    write waiting until the connection takes it (uvicorn's flow control): an export
+    is produced as fast as its client reads it, and a worker holds a write's worth
+    of it at a time. A client that takes none of a write for `timeout` seconds is
+    cut off, so one that stops reading does not keep the thread."""
+
+    def __init__(self, loop, send, gone: threading.Event, *, close: bool, timeout: float):
+        self.loop = loop
+        self.send = send
+        self.gone = gone
+        self.close = close
+        self.timeout = timeout
+        self.started = False
+        self.pending: list[bytes] = []
+        self.size = 0
+
+    def start(self, status: int, headers: list) -> None:
+        if self.close:
+            headers.append((b"connection", b"close"))
+        self.started = True
+        self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    def write(self, piece: bytes) -> bool:
+        """Queue `piece`, writing once STREAM_WRITE bytes are queued; False once the
+        client has gone (nothing more need be produced)."""
+        if self.gone.is_set():
+            return False
+        if piece:
+            self.pending.append(piece)
+            self.size += len(piece)
+        if self.size >= STREAM_WRITE:
+            self._flush(more=True)
+        return not self.gone.is_set()
+
+    def end(self) -> None:
+        if not self.gone.is_set():
+            self._flush(more=False)
+
+    def _flush(self, *, more: bool) -> None:
+        body = b"".join(self.pending)
+        self.pending.clear()
+        self.size = 0
+        self._send({"type": "http.response.body", "body": body, "more_body": more})
+
+    def _send(self, message) -> None:
+        future = asyncio.run_coroutine_threadsafe(self.send(message), self.loop)
+        try:
+            future.result(self.timeout)
+        except TimeoutError:
+            future.cancel()
+            self.gone.set()
+            # Nothing more is produced (write() says so), and the connection is
+            # closed with the response unfinished, as the client will see.
+            logger.warning("a client took no part of a response for %g s: cut off", self.timeout)
 
 
 class _Lane:
