@@ -20,7 +20,9 @@ from webhooker.server.bridge import STREAM_WRITE, Edge
 PIECE = b"x" * STREAM_WRITE
 
 
-def serve(app, *, written=lambda: None, hang_up_after_first_write=False) -> list[dict]:
+def serve(
+    app, *, written=lambda: None, hang_up_after_first_write=False, stalls=False, body_timeout=10
+) -> list[dict]:
     """One GET through an Edge in front of the WSGI `app`; the ASGI messages it
     sent. `written()` is called on each body write as the client receives it."""
     sent, asked = [], []
@@ -41,6 +43,8 @@ def serve(app, *, written=lambda: None, hang_up_after_first_write=False) -> list
                 written()
                 if hang_up_after_first_write:
                     hung_up.set()
+                if stalls:  # a client that stops reading: the write never drains
+                    await asyncio.Event().wait()
             await asyncio.sleep(0)
 
         scope = {
@@ -57,7 +61,7 @@ def serve(app, *, written=lambda: None, hang_up_after_first_write=False) -> list
         }
         await edge(scope, receive, send)
 
-    edge = Edge(app, threads=2, queue=2, body_timeout=10, max_body=1024)
+    edge = Edge(app, threads=2, queue=2, body_timeout=body_timeout, max_body=1024)
     try:
         asyncio.run(run())
     finally:
@@ -131,6 +135,31 @@ def test_a_client_that_hangs_up_mid_body_stops_the_view_producing_it():
     assert closed == [True]
     assert len(made) < 10
     assert all(m["more_body"] for m in writes(sent))  # never finished: the client left
+
+
+def test_a_client_that_stops_reading_is_cut_off_and_frees_the_thread(caplog):
+    """Its write is not taken within WEBHOOKER_BODY_TIMEOUT: the view stops, its
+    generator closed, and the thread goes back to the pool."""
+    made, closed = [], []
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+
+        def pieces():
+            try:
+                for n in range(200):
+                    made.append(n)
+                    yield PIECE
+            finally:
+                closed.append(True)
+
+        return pieces()
+
+    sent = serve(app, stalls=True, body_timeout=0.2)
+    assert closed == [True]
+    assert len(made) < 10
+    assert len(writes(sent)) == 1
+    assert "took no part of a response" in caplog.text
 
 
 @pytest.mark.e2e
