@@ -2,14 +2,23 @@
 one SQLite transaction, each still answered only after its own rows are committed."""
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 import requests
-from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connection,
+    connections,
+    transaction,
+)
 
 from deliveries.models import Event
 from tests.support.processes import start_web, wait_until
@@ -347,9 +356,32 @@ def test_kill_9_during_group_commits_loses_no_acknowledged_event(entrypoint, dat
     finally:
         stop.set()
         web.stop()
+    # The file itself is sound: one CI run found it "malformed" here, once, and its
+    # evidence was gone by the time it was looked at. A failure keeps the database
+    # and the server's log where `make test` leaves its data (.pytest-data).
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("PRAGMA integrity_check")
+            checked = [row[0] for row in cursor.fetchall()]
+    except DatabaseError as exc:  # "database disk image is malformed"
+        checked = [str(exc)]
+    if checked != ["ok"]:
+        kept = _keep_evidence(web.log_path)
+        pytest.fail(f"the database failed its integrity check: {checked[:5]}; kept in {kept}")
     stored = set(Event.objects.values_list("code", flat=True))
     lost = [code for code in acknowledged if uuid.UUID(code) not in stored]
     assert not lost, f"{len(lost)} of {len(acknowledged)} acknowledged events lost"
+
+
+def _keep_evidence(log_path) -> Path:
+    """Copies of the database's files and of the server's log, for a post-mortem."""
+    name = Path(connection.settings_dict["NAME"])
+    kept = Path(os.environ.get("DATA_DIR", name.parent)) / f"evidence-{uuid.uuid4().hex[:8]}"
+    kept.mkdir(parents=True)
+    for path in [log_path, *name.parent.glob(name.name + "*")]:
+        if path.is_file():
+            shutil.copy2(path, kept / path.name)
+    return kept
 
 
 def _children(pid):
