@@ -10,10 +10,12 @@ import trustme
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
+from django.db import connections
 
 from deliveries import ssrf, tracing
 from deliveries.models import Target, Webhook
 from tests.support import egress
+from tests.support.database import file_locked_by_this_process
 from tests.support.keys import KEY_A
 from tests.support.sink import Sink
 
@@ -71,6 +73,32 @@ def engines_take_turns(request):
     with open(lock, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # released when closed
         yield
+
+
+@pytest.fixture(autouse=True)
+def sqlite_keeps_its_locks():
+    """After each test, this process still holds its SQLite connection's lock on the
+    database file: a test that opened the file itself (to read or copy it) would have
+    dropped it, and a server process closing its connection later would then delete
+    the WAL under this one (tests.support.database.sqlite_file_bytes reads it safely)."""
+    yield
+    connection = connections["default"]
+    if connection.vendor != "sqlite" or connection.connection is None:
+        return
+    path = connection.settings_dict["NAME"]
+    # A read first: a connection holds its lock from its first read on, and SQLite
+    # takes it then only if it believes it does not hold it already.
+    try:
+        connection.connection.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+    except connection.Database.Error:  # a connection the test left closed or broken
+        return
+    if os.path.exists(path) and not file_locked_by_this_process(path):
+        connection.close()  # the next test's connection takes the lock again
+        pytest.fail(
+            f"this process no longer holds SQLite's lock on {path}: the test opened and "
+            "closed the database file with a connection open "
+            "(use tests.support.database.sqlite_file_bytes)"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,9 @@
 """What the database server holds for this test's connection."""
 
-from django.db import connection
+import os
+from pathlib import Path
+
+from django.db import connection, connections
 
 
 def numbered(statement: str) -> str:
@@ -44,3 +47,38 @@ def raw(model, field_name, pk):
             [pk],
         )
         return cursor.fetchone()[0]
+
+
+# --- SQLite's file ---------------------------------------------------------------------
+#
+# SQLite's locks on a database file are POSIX (fcntl) locks, which belong to the
+# process, and closing *any* descriptor of the file drops all of them. A test that
+# opens the database file itself (to read its bytes, to copy it) while this process's
+# connection is open leaves that connection unlocked: the next process to close its own
+# connection then believes it is the last one, checkpoints, and deletes the WAL and its
+# index under this connection, whose later writes go to a deleted file (sqlite.org,
+# "How To Corrupt An SQLite Database File", 2.2).
+
+
+def file_locked_by_this_process(path) -> bool:
+    """Whether this process holds a POSIX lock on the file at `path` (Linux's
+    /proc/locks; True where there is none to read)."""
+    try:
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return True
+    device, inode = os.stat(path).st_dev, os.stat(path).st_ino
+    node = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    pid = str(os.getpid())
+    return any(
+        fields[1] == "POSIX" and fields[4] == pid and fields[5] == node
+        for fields in (line.split() for line in locks.splitlines())
+        if len(fields) > 5
+    )
+
+
+def sqlite_file_bytes(path) -> bytes:
+    """The bytes of the SQLite file at `path`, read with this process's connections
+    closed, so that closing the file drops no lock a connection holds."""
+    connections.close_all()
+    return Path(path).read_bytes()

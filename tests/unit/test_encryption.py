@@ -5,9 +5,9 @@ fails its deliveries in words and crashes nothing."""
 
 import io
 import json
-import pathlib
 import sqlite3
 import subprocess
+from contextlib import closing
 
 import pytest
 from cryptography.fernet import Fernet
@@ -20,7 +20,7 @@ from django.urls import reverse
 from deliveries.fields import encrypted_fields
 from deliveries.models import Delivery, DeliveryResult, Entrypoint, Target, Webhook
 from tests.support.admin import client_for
-from tests.support.database import raw
+from tests.support.database import raw, sqlite_file_bytes
 from tests.support.engines import pump, started_engine, store
 from tests.support.keys import KEY_A, KEY_B
 from webhooker import encryption
@@ -81,8 +81,14 @@ def test_no_secret_is_in_the_database_files_or_a_dump_of_its_tables(user, keys, 
         path = connection.settings_dict["NAME"]
         with connection.cursor() as cursor:
             cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        stored = pathlib.Path(path).read_bytes()
-        dump = "\n".join(sqlite3.connect(path).iterdump())
+        stored = sqlite_file_bytes(path)
+        with closing(sqlite3.connect(path)) as dumped:
+            tables = dumped.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            dump = "\n".join(
+                repr(row)
+                for (table,) in tables.fetchall()
+                for row in dumped.execute(f'SELECT * FROM "{table}"')
+            )
     else:
         stored = b""
         settings_dict = connection.settings_dict

@@ -376,6 +376,8 @@ def test_kill_9_during_group_commits_loses_no_acknowledged_event(entrypoint, dat
 def _keep_evidence(log_path) -> Path:
     """Copies of the database's files and of the server's log, for a post-mortem."""
     name = Path(connection.settings_dict["NAME"])
+    # Closed first: closing a copied file would drop the locks of its connection.
+    connections.close_all()
     kept = Path(os.environ.get("DATA_DIR", name.parent)) / f"evidence-{uuid.uuid4().hex[:8]}"
     kept.mkdir(parents=True)
     for path in [log_path, *name.parent.glob(name.name + "*")]:
