@@ -3,6 +3,7 @@ from pathlib import Path
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models.signals import pre_save
 
@@ -16,7 +17,9 @@ class DeliveriesConfig(AppConfig):
         from deliveries.fields import encrypted_fields, open_loaded_tokens
         from deliveries.logs import stamp_request_ids
         from deliveries.models import ApiKey, Entrypoint, Target, Webhook
+        from webhooker.db.sqlite import library
 
+        checks.register(library.check_library)
         stamp_request_ids()
         audit.register(Webhook, Entrypoint, Target, ApiKey)
         for model, _ in encrypted_fields():

@@ -1,0 +1,95 @@
+"""The SQLite library webhooker's processes use (webhooker/db/sqlite/library.py): one
+copy per process, without the WAL-reset bug where a wheel of pysqlite3 exists."""
+
+import platform
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from tests.support.processes import ROOT, process_env
+from webhooker.db.sqlite import library
+
+sqlite_only = pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's library")
+
+# Where pyproject.toml installs pysqlite3's wheel.
+BUNDLED = (sys.platform, platform.machine()) in {("linux", "x86_64"), ("darwin", "arm64")}
+
+
+@pytest.mark.parametrize(
+    ("version", "affected"),
+    [
+        ((3, 6, 23), False),
+        ((3, 7, 0), True),
+        ((3, 40, 1), True),
+        ((3, 44, 5), True),
+        ((3, 44, 6), False),
+        ((3, 45, 0), True),
+        ((3, 50, 6), True),
+        ((3, 50, 7), False),
+        ((3, 51, 2), True),
+        ((3, 51, 3), False),
+        ((3, 53, 4), False),
+    ],
+)
+def test_the_versions_with_the_wal_reset_bug(version, affected):
+    assert library.has_wal_reset_bug(version) is affected
+
+
+@sqlite_only
+@pytest.mark.skipif(not BUNDLED, reason="pysqlite3 has no wheel for this platform")
+def test_the_database_is_opened_with_a_library_without_the_wal_reset_bug(db):
+    version = connection.Database.sqlite_version_info
+    assert not library.has_wal_reset_bug(version), version
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sqlite_version()")
+        assert cursor.fetchone()[0] == connection.Database.sqlite_version
+
+
+def test_every_sqlite3_in_the_process_is_the_one_django_opens_the_file_with():
+    """A second copy of the library closing its handle on the file would drop the
+    locks of the first one's connections."""
+    import sqlite3
+    import sqlite3.dbapi2
+
+    from django.db.backends.sqlite3 import base
+
+    assert sqlite3.connect is base.Database.connect
+    assert sqlite3.dbapi2 is base.Database
+
+
+def test_a_process_uses_the_bundled_library_from_its_first_import(tmp_path):
+    """A command's process, as `make run` starts them: Django's backend, the tests'
+    and a deployment's `import sqlite3` all find the same module."""
+    code = (
+        "import django; django.setup(); import sqlite3; "
+        "from django.db.backends.sqlite3 import base; "
+        "print(sqlite3.__name__, base.Database.__name__, sqlite3.sqlite_version)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=process_env(tmp_path, DATABASE_URL=f"sqlite:///{tmp_path}/w.sqlite3"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if BUNDLED:
+        assert out[:2] == ["pysqlite3", "pysqlite3.dbapi2"], out
+        assert not library.has_wal_reset_bug(tuple(map(int, out[2].split(".")))), out
+    else:
+        assert out[0] == "sqlite3", out
+
+
+@sqlite_only
+def test_the_checks_warn_when_the_library_has_the_bug(db, monkeypatch, capsys):
+    monkeypatch.setattr(connection.Database, "sqlite_version_info", (3, 40, 1))
+    call_command("check")
+    err = capsys.readouterr().err
+    assert "webhooker.W001" in err and "SQLite 3.40.1 has the WAL-reset bug" in err
+    monkeypatch.setattr(connection.Database, "sqlite_version_info", (3, 51, 3))
+    call_command("check")
+    assert "webhooker.W001" not in capsys.readouterr().err
