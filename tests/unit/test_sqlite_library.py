@@ -2,14 +2,23 @@
 copy per process, without the WAL-reset bug where a wheel of pysqlite3 exists."""
 
 import platform
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from tests.support.processes import ROOT, process_env
+from tests.support.processes import (
+    ROOT,
+    post_events,
+    process_env,
+    start_engine,
+    start_web,
+    wait_until,
+)
 from webhooker.db.sqlite import library
 
 sqlite_only = pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's library")
@@ -93,3 +102,34 @@ def test_the_checks_warn_when_the_library_has_the_bug(db, monkeypatch, capsys):
     monkeypatch.setattr(connection.Database, "sqlite_version_info", (3, 51, 3))
     call_command("check")
     assert "webhooker.W001" not in capsys.readouterr().err
+
+
+def _libraries(pid) -> set[str]:
+    """The SQLite libraries mapped into process `pid`, and whether it has the
+    database's WAL index mapped (it has opened the database)."""
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    found = set(re.findall(r"\S*(?:libsqlite3\.so|_sqlite3\.cpython)\S*", maps))
+    return {"pysqlite3" if "/pysqlite3/" in path else "system" for path in found} | (
+        {"opened"} if ".sqlite3-shm" in maps else set()
+    )
+
+
+@sqlite_only
+@pytest.mark.e2e
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
+def test_the_web_workers_and_the_engine_map_one_sqlite_library(entrypoint, data_dir):
+    web, base = start_web(data_dir, workers=1)
+    engine = start_engine(data_dir)
+    try:
+        post_events(base, entrypoint, 1)
+        (worker,) = subprocess.run(
+            ["pgrep", "-P", str(web.pid)], capture_output=True, text=True
+        ).stdout.split()
+        expected = {"pysqlite3" if BUNDLED else "system", "opened"}
+        assert _libraries(worker) == expected
+        wait_until(lambda: "opened" in _libraries(engine.pid), message="the engine's database")
+        assert _libraries(engine.pid) == expected
+    finally:
+        engine.stop()
+        web.stop()
