@@ -20,7 +20,8 @@ new file; SQLite only applies it to a file that has no tables yet) gives them ba
 to the file system after each prune, a few megabytes per short transaction. A file
 created before that keeps its free pages for reuse until `pruneevents --vacuum` rebuilds
 it once (VACUUM: it takes the writer lock for the whole rebuild and needs free
-disk as large as the file, so it is run by hand, in a quiet moment). On
+disk as large as the file, and memory as large as its pages in use with the bundled
+SQLite, which keeps its temporary store in memory; so it is run by hand, in a quiet moment). On
 PostgreSQL, autovacuum makes deleted rows' space reusable by the next inserts;
 the file never shrinks without VACUUM FULL, which steady retention does not need.
 """
@@ -317,13 +318,45 @@ def give_back_space(stop: threading.Event | None = None) -> int:
     return returned
 
 
+class VacuumRefused(Exception):
+    """The rebuild would not fit where SQLite builds it."""
+
+
 def vacuum() -> None:
-    """Rebuild the SQLite file once, switching it to incremental auto-vacuum."""
+    """Rebuild the SQLite file once, switching it to incremental auto-vacuum.
+
+    SQLite builds the new copy in its temporary store. The bundled library
+    (webhooker/db/sqlite/library.py) keeps that store in memory (TEMP_STORE=3),
+    so a file whose pages in use exceed the memory available is refused before
+    the writer lock is taken, rather than the rebuild failing, or the process
+    being killed, halfway.
+    """
     if connection.vendor != "sqlite":
         return
     with connection.cursor() as cursor:
+        cursor.execute("PRAGMA compile_options")
+        if "TEMP_STORE=3" in {row[0] for row in cursor.fetchall()}:
+            used = (_pragma("page_count") - _pragma("freelist_count")) * _pragma("page_size")
+            available = memory_available()
+            if available is not None and used > available:
+                raise VacuumRefused(
+                    f"the rebuild needs about {used / 2**20:.0f} MiB of memory (this SQLite "
+                    f"builds it in memory) and {available / 2**20:.0f} MiB are available"
+                )
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("VACUUM")
+
+
+def memory_available() -> int | None:
+    """Bytes of memory available to a new allocation (Linux's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _pragma(name: str) -> int:

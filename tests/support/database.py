@@ -67,11 +67,12 @@ def file_locked_by_this_process(path) -> bool:
         locks = Path("/proc/locks").read_text()
     except OSError:
         return True
-    device, inode = os.stat(path).st_dev, os.stat(path).st_ino
-    node = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+    # By inode alone: the device /proc/locks names is the superblock's, which is not
+    # stat's st_dev on btrfs subvolumes; one process rarely locks two files of one inode.
+    inode = f":{os.stat(path).st_ino}"
     pid = str(os.getpid())
     return any(
-        fields[1] == "POSIX" and fields[4] == pid and fields[5] == node
+        fields[1] == "POSIX" and fields[4] == pid and fields[5].endswith(inode)
         for fields in (line.split() for line in locks.splitlines())
         if len(fields) > 5
     )

@@ -3,7 +3,7 @@
 import datetime
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -122,6 +122,23 @@ def test_pruneevents_vacuum_switches_an_old_file_to_incremental(entrypoint, caps
     call_command("pruneevents", vacuum=True)
     assert "Vacuumed." in capsys.readouterr().out
     assert pragma("auto_vacuum") == 2
+
+
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's VACUUM")
+@pytest.mark.django_db(transaction=True)
+def test_pruneevents_vacuum_refuses_a_rebuild_larger_than_the_memory_available(
+    entrypoint, monkeypatch
+):
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA compile_options")
+        if "TEMP_STORE=3" not in {row[0] for row in cursor.fetchall()}:
+            pytest.skip("this SQLite builds the copy in a file")
+        cursor.execute("PRAGMA auto_vacuum=NONE")
+        cursor.execute("VACUUM")
+    monkeypatch.setattr(retention, "memory_available", lambda: 4096)
+    with pytest.raises(CommandError, match=r"Not vacuumed: the rebuild needs about \d+ MiB"):
+        call_command("pruneevents", vacuum=True)
+    assert pragma("auto_vacuum") == 0
 
 
 def test_only_deliveries_and_results_point_at_what_retention_deletes():

@@ -1,6 +1,7 @@
 """The SQLite library webhooker's processes use (webhooker/db/sqlite/library.py): one
 copy per process, without the WAL-reset bug where a wheel of pysqlite3 exists."""
 
+import importlib.util
 import platform
 import re
 import subprocess
@@ -23,8 +24,9 @@ from webhooker.db.sqlite import library
 
 sqlite_only = pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite's library")
 
-# Where pyproject.toml installs pysqlite3's wheel.
-BUNDLED = (sys.platform, platform.machine()) in {("linux", "x86_64"), ("darwin", "arm64")}
+# Installed: where pyproject.toml installs pysqlite3's wheel, or by hand elsewhere.
+BUNDLED = importlib.util.find_spec("pysqlite3") is not None
+WHEEL_PLATFORM = (sys.platform, platform.machine()) in {("linux", "x86_64"), ("darwin", "arm64")}
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,10 @@ BUNDLED = (sys.platform, platform.machine()) in {("linux", "x86_64"), ("darwin",
 )
 def test_the_versions_with_the_wal_reset_bug(version, affected):
     assert library.has_wal_reset_bug(version) is affected
+
+
+def test_the_wheel_is_installed_where_pyproject_installs_it():
+    assert BUNDLED == WHEEL_PLATFORM
 
 
 @sqlite_only
@@ -105,12 +111,13 @@ def test_the_checks_warn_when_the_library_has_the_bug(db, monkeypatch, capsys):
 
 
 def _libraries(pid) -> set[str]:
-    """The SQLite libraries mapped into process `pid`, and whether it has the
+    """The SQLite libraries mapped into process `pid`, and whether it has the test
     database's WAL index mapped (it has opened the database)."""
     maps = Path(f"/proc/{pid}/maps").read_text()
     found = set(re.findall(r"\S*(?:libsqlite3\.so|_sqlite3\.cpython)\S*", maps))
+    wal_index = f"/{Path(connection.settings_dict['NAME']).name}-shm"
     return {"pysqlite3" if "/pysqlite3/" in path else "system" for path in found} | (
-        {"opened"} if ".sqlite3-shm" in maps else set()
+        {"opened"} if wal_index in maps else set()
     )
 
 

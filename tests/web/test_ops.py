@@ -2,6 +2,7 @@
 
 import datetime
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from deliveries.models import Delivery, DeliveryResult, EngineStatus, Event
 from deliveries.retention import prune_events
 from tests.support.engines import store
 from tests.support.processes import ROOT
+from webhooker.db.sqlite import library
 
 pytestmark = pytest.mark.django_db
 
@@ -66,6 +68,9 @@ PROD = {
 
 
 def test_check_deploy_is_clean_in_production(tmp_path):
+    # The check runs on SQLite, whatever this run's database.
+    if library.has_wal_reset_bug(sqlite3.sqlite_version_info):
+        pytest.skip("this platform's SQLite has the WAL-reset bug: check warns, and should")
     env = dict(os.environ, **PROD, DATA_DIR=str(tmp_path))
     env.pop("DATABASE_URL", None)
     result = subprocess.run(

@@ -1,6 +1,6 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from deliveries.retention import HOLD, prune_events, vacuum
+from deliveries.retention import HOLD, VacuumRefused, prune_events, vacuum
 
 
 class Command(BaseCommand):
@@ -22,7 +22,7 @@ class Command(BaseCommand):
             action="store_true",
             help="SQLite: afterwards, rebuild the file once so that later prunes give "
             "space back (holds the writer lock throughout; needs free disk the size of "
-            "the file)",
+            "the file, and free memory the size of its data with the bundled SQLite)",
         )
 
     def handle(self, *args, **options):
@@ -33,5 +33,8 @@ class Command(BaseCommand):
             f"{removed['results']} attempt results."
         )
         if options["vacuum"]:
-            vacuum()
+            try:
+                vacuum()
+            except VacuumRefused as exc:
+                raise CommandError(f"Not vacuumed: {exc}.") from None
             self.stdout.write("Vacuumed.")
