@@ -333,18 +333,24 @@ def vacuum() -> None:
     """
     if connection.vendor != "sqlite":
         return
+    if temp_store_in_memory():
+        used = (_pragma("page_count") - _pragma("freelist_count")) * _pragma("page_size")
+        available = memory_available()
+        if available is not None and used > available:
+            raise VacuumRefused(
+                f"the rebuild needs about {used / 2**20:.0f} MiB of memory (this SQLite "
+                f"builds it in memory) and {available / 2**20:.0f} MiB are available"
+            )
     with connection.cursor() as cursor:
-        cursor.execute("PRAGMA compile_options")
-        if "TEMP_STORE=3" in {row[0] for row in cursor.fetchall()}:
-            used = (_pragma("page_count") - _pragma("freelist_count")) * _pragma("page_size")
-            available = memory_available()
-            if available is not None and used > available:
-                raise VacuumRefused(
-                    f"the rebuild needs about {used / 2**20:.0f} MiB of memory (this SQLite "
-                    f"builds it in memory) and {available / 2**20:.0f} MiB are available"
-                )
         cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("VACUUM")
+
+
+def temp_store_in_memory() -> bool:
+    """Whether this SQLite was built to keep its temporary store in memory always."""
+    with connection.cursor() as cursor:
+        cursor.execute("PRAGMA compile_options")
+        return "TEMP_STORE=3" in {row[0] for row in cursor.fetchall()}
 
 
 def memory_available() -> int | None:

@@ -18,6 +18,7 @@ from django.db import connection
 from deliveries.models import Delivery, EngineStatus, Event
 from tests.support.processes import (
     Process,
+    children,
     free_port,
     post_events,
     process_env,
@@ -216,17 +217,15 @@ def stop_serve(data_dir, signals: int) -> tuple[Process, int, list[str]]:
         wait_until(
             lambda: EngineStatus.objects.filter(stopped_at=None).exists(), message="serve's engine"
         )
-        children = subprocess.run(
-            ["pgrep", "-P", str(serve.pid)], capture_output=True, text=True
-        ).stdout.split()
+        started = children(serve.pid)
         for _ in range(signals):
             serve.send(signal.SIGINT)
         returncode = serve.wait(60)
     finally:
         serve.stop(signal.SIGKILL)
-    for pid in children:
+    for pid in started:
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid), f"{pid} left running"
-    return serve, returncode, children
+    return serve, returncode, started
 
 
 def test_serve_runs_both_and_ctrl_c_stops_both(entrypoint, data_dir):

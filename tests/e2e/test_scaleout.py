@@ -4,7 +4,6 @@ share, rebalance and fail over (partitions.py; docs/architecture.md, Scaling out
 import datetime
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ from deliveries.models import Delivery, Target, Webhook
 from tests.support.engines import store
 from tests.support.processes import (
     Process,
+    children,
     free_port,
     process_env,
     start_engine,
@@ -353,7 +353,7 @@ def test_a_terminated_lock_connection_stops_the_engine_attempting_and_it_comes_b
     posters = [threading.Thread(target=post, daemon=True) for _ in range(3)]
     try:
         wait_until(lambda: balanced(2), timeout=90, message="serve's two engines")
-        before = set(_children(serve.pid))
+        before = set(children(serve.pid))
         for poster in posters:
             poster.start()
         wait_until(lambda: len(sink.requests()) >= 100, timeout=60, message="deliveries going")
@@ -383,7 +383,7 @@ def test_a_terminated_lock_connection_stops_the_engine_attempting_and_it_comes_b
         for poster in posters:
             poster.join(30)
         wait_until(lambda: unfinished() == 0, timeout=120, message="every delivery finished")
-        after = set(_children(serve.pid))
+        after = set(children(serve.pid))
     finally:
         stop_posting.set()
         serve.send(signal.SIGTERM)
@@ -395,11 +395,6 @@ def test_a_terminated_lock_connection_stops_the_engine_attempting_and_it_comes_b
     assert set(Delivery.objects.values_list("status", flat=True)) == {"delivered"}
     assert set(received(sink)) == expected()  # nothing lost
     assert "Traceback" not in serve.log()
-
-
-def _children(pid):
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return out.split()
 
 
 def test_an_engine_with_another_partition_count_refuses(data_dir):

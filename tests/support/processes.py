@@ -35,6 +35,12 @@ def wait_until(predicate, timeout=30.0, interval=0.05, message="condition"):
         time.sleep(interval)
 
 
+def children(pid) -> list[int]:
+    """The pids of process `pid`'s children (gunicorn's workers, serve's processes)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(child) for child in out.split()]
+
+
 def database_url() -> str:
     s = connection.settings_dict
     if connection.vendor == "sqlite":

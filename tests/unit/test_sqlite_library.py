@@ -14,6 +14,7 @@ from django.db import connection
 
 from tests.support.processes import (
     ROOT,
+    children,
     post_events,
     process_env,
     start_engine,
@@ -131,9 +132,7 @@ def test_the_web_workers_and_the_engine_map_one_sqlite_library(entrypoint, data_
     engine = start_engine(data_dir)
     try:
         post_events(base, entrypoint, 1)
-        (worker,) = subprocess.run(
-            ["pgrep", "-P", str(web.pid)], capture_output=True, text=True
-        ).stdout.split()
+        (worker,) = children(web.pid)
         expected = {"pysqlite3" if BUNDLED else "system", "opened"}
         assert _libraries(worker) == expected
         wait_until(lambda: "opened" in _libraries(engine.pid), message="the engine's database")

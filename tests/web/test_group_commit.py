@@ -4,7 +4,6 @@ one SQLite transaction, each still answered only after its own rows are committe
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import uuid
 from pathlib import Path
@@ -21,7 +20,7 @@ from django.db import (
 )
 
 from deliveries.models import Event
-from tests.support.processes import start_web, wait_until
+from tests.support.processes import children, start_web, wait_until
 from webhooker.db.sqlite.group_commit import GroupCommit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -343,7 +342,7 @@ def test_kill_9_during_group_commits_loses_no_acknowledged_event(entrypoint, dat
         for thread in senders:
             thread.start()
         wait_until(lambda: len(acknowledged) >= 300, timeout=60, message="events acknowledged")
-        workers = [int(pid) for pid in _children(web.pid)]
+        workers = children(web.pid)
         assert workers
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
@@ -384,7 +383,3 @@ def _keep_evidence(log_path) -> Path:
         if path.is_file():
             shutil.copy2(path, kept / path.name)
     return kept
-
-
-def _children(pid):
-    return subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()

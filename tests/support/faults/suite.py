@@ -42,7 +42,7 @@ from deliveries.engine.partitions import LOCK_NAMESPACE
 from deliveries.models import Delivery, DeliveryResult, Event, Partition, Target, Webhook
 from tests.support.faults.proxy import Proxy
 from tests.support.faults.receiver import Receiver
-from tests.support.processes import start_engine, start_web, wait_until
+from tests.support.processes import children, start_engine, start_web, wait_until
 
 PARTITIONS = 64
 LEASE = float(settings.DELIVERY_LEASE_SECONDS)
@@ -266,10 +266,7 @@ class Cluster:
         self.engine_pids[slot.pid] = slot.name
 
     def web_workers(self) -> list[int]:
-        out = subprocess.run(
-            ["pgrep", "-P", str(self.web.pid)], capture_output=True, text=True
-        ).stdout
-        return [int(pid) for pid in out.split()]
+        return children(self.web.pid)
 
     def stop(self):
         for slot in self.slots:
